@@ -1,0 +1,92 @@
+"""Settings of the ETL stage (``behrt-rope etl``); saved with its outputs and re-applied by ``predict``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from behrt_rope.schema import SPLITS
+
+
+@dataclass
+class SplitConfig:
+    """Deterministic patient-level split by a salted hash of the patient id."""
+
+    train: float = 0.8
+    """Share of patients in the train split."""
+    tuning: float = 0.1
+    """Share of patients in the tuning split (validation, early stopping)."""
+    held_out: float = 0.1
+    """Share of patients in the held_out split (the evaluation report)."""
+    salt: str = "behrt-rope"
+    """Text mixed into the hash; change it to draw a different split."""
+
+    def __post_init__(self) -> None:
+        shares = (self.train, self.tuning, self.held_out)
+        if any(s < 0 for s in shares) or abs(sum(shares) - 1.0) > 1e-6:
+            raise ValueError(f"split shares {dict(zip(SPLITS, shares))} must be >= 0 and sum to 1")
+
+
+@dataclass
+class MedsConfig:
+    """How MEDS events become diagnosis tokens (``--format meds``)."""
+
+    code_pattern: str = r"^DIAGNOSIS//ICD//(?P<system>9|10)//(?P<code>.+)$"
+    """Regular expression selecting diagnosis codes; named groups ``code`` and optional ``system``."""
+    system_template: str = "ICD{system}"
+    """How the ``system`` group is written into a token (ICD-9 and ICD-10 stay apart)."""
+    visit_rule: Literal["same_time", "same_day", "admission"] = "admission"
+    """What makes a visit: events at one timestamp, on one calendar day, or inside an admission."""
+    admission_prefix: str = "HOSPITAL_ADMISSION"
+    """Code prefix of admission events (visit_rule=admission)."""
+    discharge_prefix: str = "HOSPITAL_DISCHARGE"
+    """Code prefix of discharge events (visit_rule=admission)."""
+    birth_code: str = "MEDS_BIRTH"
+    """Code of the birth event."""
+    death_code: str = "MEDS_DEATH"
+    """Code of the death event."""
+
+
+@dataclass
+class OmopConfig:
+    """How OMOP CDM tables become diagnosis tokens (``--format omop``)."""
+
+    code_source: Literal["concept_id", "source_value"] = "concept_id"
+    """Take codes from condition_concept_id (standard) or condition_source_value (as recorded)."""
+    code_system: str = ""
+    """Optional system written before each code (``SNOMED`` gives ``SNOMED:65363002``); empty for none."""
+    skip_zero_concept: bool = True
+    """Quarantine condition_concept_id 0 (OMOP's 'no matching concept') when code_source=concept_id."""
+
+
+@dataclass
+class EtlConfig:
+    """From raw histories to the token dataset."""
+
+    format: Literal["visits", "meds", "omop"] = "visits"
+    """Input layout: our visits format, MEDS, or OMOP CDM."""
+    code_truncate: int | None = None
+    """Keep the first N characters of each code (dots removed first); BEHRT used 3 for ICD-10. null: keep."""
+    strip_code_dots: bool = True
+    """Remove '.' from codes (I10.0 and I100 are the same ICD-10 code)."""
+    min_code_count: int = 1
+    """Codes seen fewer times than this in the train split become [UNK]."""
+    max_seq_len: int = 256
+    """Longest token stream, [CLS] and [SEP]s included; whole oldest visits are dropped to fit."""
+    max_invalid_fraction: float = 0.5
+    """If more than this share of a date column fails to parse, stop: the column has the wrong format."""
+    shards: int = 1
+    """Process patients in this many hash shards, one in memory at a time (for inputs larger than memory)."""
+    split: SplitConfig = field(default_factory=SplitConfig)
+    meds: MedsConfig = field(default_factory=MedsConfig)
+    omop: OmopConfig = field(default_factory=OmopConfig)
+
+    def __post_init__(self) -> None:
+        if self.code_truncate is not None and self.code_truncate < 1:
+            raise ValueError("code_truncate must be a positive number of characters, or null to keep codes")
+        if self.max_seq_len < 3:
+            raise ValueError("max_seq_len must be at least 3 ([CLS], one code, [SEP])")
+        if self.min_code_count < 1:
+            raise ValueError("min_code_count must be >= 1")
+        if self.shards < 1:
+            raise ValueError("shards must be >= 1")

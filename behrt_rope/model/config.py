@@ -1,0 +1,51 @@
+"""The encoder's configuration: one dataclass passed whole to every module of the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class ModelConfig:
+    """BEHRT with rotary position embedding. Defaults suit a laptop CPU."""
+
+    vocab_size: int = 0
+    """Number of token ids, special tokens included; set from the ETL vocabulary."""
+    hidden_size: int = 128
+    """Width of every token representation."""
+    num_layers: int = 4
+    """Number of transformer blocks."""
+    num_heads: int = 4
+    """Attention heads; hidden_size must divide by it and the head size must be even (RoPE pairs)."""
+    intermediate_size: int = 256
+    """Width of the feed-forward layer inside each block."""
+    dropout: float = 0.1
+    """Dropout on embeddings, attention output and feed-forward output."""
+    attention_dropout: float = 0.0
+    """Dropout on attention weights; above 0 it forces the slow SDPA math path on CPU."""
+    time2vec_periodic: int = 16
+    """k, the number of periodic Time2Vec features of age (plus one linear feature)."""
+    age_scale: float = 100.0
+    """Ages (years) are divided by this before Time2Vec, to keep the linear term near unit scale."""
+    num_segments: int = 2
+    """Segment ids alternate between visits (A/B)."""
+    position_encoding: Literal["rope", "absolute"] = "rope"
+    """rope: rotate queries and keys; absolute: BEHRT's additive sinusoidal table (ablation)."""
+    position_source: Literal["visit", "token", "age"] = "visit"
+    """What a token's position is: its visit index, its index in the stream, or its age."""
+    rope_base: float = 10000.0
+    """RoPE frequency base: theta_i = base^(-2(i-1)/d)."""
+    rope_age_scale: float = 1.0
+    """With position_source=age, position = age in years times this (e.g. 12 for months)."""
+    max_positions: int = 512
+    """Size of the sinusoidal table for position_encoding=absolute."""
+    layer_norm_eps: float = 1e-12
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} must be divisible by num_heads {self.num_heads}")
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ValueError("the head size (hidden_size / num_heads) must be even for rotary embedding")
+        if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attention_dropout < 1.0:
+            raise ValueError("dropout and attention_dropout must lie in [0, 1)")

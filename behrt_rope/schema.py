@@ -1,0 +1,173 @@
+"""The on-disk contract: every column name, Arrow type, split name, special token and file name.
+
+Nothing else in behrt-rope writes a column name or an artifact file name as a bare string: it imports it
+from here. ``tests/test_schema.py`` checks that the join keys agree across the tables defined below.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pyarrow as pa
+
+# ---------------------------------------------------------------------------------------------------------
+# Raw input: the visits format (SPEC "Raw input: the visits format")
+# ---------------------------------------------------------------------------------------------------------
+PATIENT_ID: Final = "patient_id"
+BIRTH_DATE: Final = "birth_date"
+DEATH_DATE: Final = "death_date"
+SEX: Final = "sex"
+DATE: Final = "date"
+CODE: Final = "code"
+VISIT_ID: Final = "visit_id"
+CODE_SYSTEM: Final = "code_system"
+
+PATIENTS_TABLE: Final = "patients"
+EVENTS_TABLE: Final = "events"
+VISITS_REQUIRED: Final[dict[str, tuple[str, ...]]] = {
+    PATIENTS_TABLE: (PATIENT_ID, BIRTH_DATE),
+    EVENTS_TABLE: (PATIENT_ID, DATE, CODE),
+}
+VISITS_OPTIONAL: Final[dict[str, tuple[str, ...]]] = {
+    PATIENTS_TABLE: (SEX, DEATH_DATE),
+    EVENTS_TABLE: (VISIT_ID, CODE_SYSTEM),
+}
+
+# ---------------------------------------------------------------------------------------------------------
+# Canonical tables: what every reader (visits, meds, omop) hands to the shared cleaning step
+# ---------------------------------------------------------------------------------------------------------
+TIME: Final = "time"  # event timestamp (timestamp[us]); dates become midnight
+SOURCE_TABLE: Final = "source_table"  # which input table (file) a row came from
+SOURCE_ROW: Final = "source_row"  # 0-based row number inside that table
+REASON: Final = "reason"
+
+CANONICAL_PATIENTS: Final = pa.schema(
+    [
+        (PATIENT_ID, pa.string()),
+        (BIRTH_DATE, pa.string()),  # raw text until the cleaning step parses it
+        (DEATH_DATE, pa.string()),
+        (SOURCE_TABLE, pa.string()),
+        (SOURCE_ROW, pa.int64()),
+    ]
+)
+CANONICAL_EVENTS: Final = pa.schema(
+    [
+        (PATIENT_ID, pa.string()),
+        (TIME, pa.string()),  # raw text until the cleaning step parses it
+        (CODE, pa.string()),
+        (CODE_SYSTEM, pa.string()),
+        (VISIT_ID, pa.string()),
+        (SOURCE_TABLE, pa.string()),
+        (SOURCE_ROW, pa.int64()),
+    ]
+)
+
+# Quarantine: every rejected input row, with its raw values as text and the reason.
+QUARANTINE: Final = pa.schema(
+    [
+        (SOURCE_TABLE, pa.string()),
+        (SOURCE_ROW, pa.int64()),
+        (PATIENT_ID, pa.string()),
+        (TIME, pa.string()),
+        (CODE, pa.string()),
+        (REASON, pa.string()),
+    ]
+)
+
+
+class Reason:
+    """Quarantine reasons (the ``reason`` column). One row can carry only the first that applies."""
+
+    MISSING_PATIENT_ID: Final = "missing_patient_id"
+    UNPARSEABLE_BIRTH_DATE: Final = "unparseable_birth_date"
+    UNPARSEABLE_DEATH_DATE: Final = "unparseable_death_date"
+    DEATH_BEFORE_BIRTH: Final = "death_before_birth"
+    CONFLICTING_PATIENT_ROWS: Final = "conflicting_patient_rows"
+    UNPARSEABLE_DATE: Final = "unparseable_date"
+    EMPTY_CODE: Final = "empty_code"
+    UNKNOWN_PATIENT: Final = "unknown_patient"
+    PATIENT_REJECTED: Final = "patient_rejected"  # the patient's own row was quarantined
+    BEFORE_BIRTH: Final = "event_before_birth"
+    AFTER_DEATH: Final = "event_after_death"
+    VISIT_TOO_LONG: Final = "visit_exceeds_max_seq_len"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Splits and special tokens
+# ---------------------------------------------------------------------------------------------------------
+TRAIN: Final = "train"
+TUNING: Final = "tuning"
+HELD_OUT: Final = "held_out"
+SPLITS: Final = (TRAIN, TUNING, HELD_OUT)
+
+PAD: Final = "[PAD]"
+CLS: Final = "[CLS]"
+SEP: Final = "[SEP]"
+MASK: Final = "[MASK]"
+UNK: Final = "[UNK]"
+SPECIAL_TOKENS: Final = (PAD, CLS, SEP, MASK, UNK)
+PAD_ID: Final = 0
+CLS_ID: Final = 1
+SEP_ID: Final = 2
+MASK_ID: Final = 3
+UNK_ID: Final = 4
+N_SPECIAL: Final = len(SPECIAL_TOKENS)  # ids below this are special; [UNK] counts as special for masking
+
+# ---------------------------------------------------------------------------------------------------------
+# ETL output: the token dataset (one row per patient, list columns aligned token by token)
+# ---------------------------------------------------------------------------------------------------------
+SPLIT: Final = "split"
+TOKEN_IDS: Final = "token_ids"  # list<int32>: vocabulary ids, [CLS] first, [SEP] closing every visit
+AGES: Final = "ages"  # list<float32>: age at the token's visit, years ((date - birth) days / 365.25)
+SEGMENTS: Final = "segments"  # list<int8>: 0 for even visits, 1 for odd ones; [CLS] takes visit 0's
+VISIT_INDEX: Final = "visit_index"  # list<int16>: 0-based visit number after truncation
+VISIT_DATES: Final = "visit_dates"  # list<timestamp[us]>: the visit's time (earliest event in it)
+N_VISITS: Final = "n_visits"
+N_TOKENS: Final = "n_tokens"
+LAST_EVENT_TIME: Final = "last_event_time"
+
+TOKENS: Final = pa.schema(
+    [
+        (PATIENT_ID, pa.string()),
+        (SPLIT, pa.string()),
+        (BIRTH_DATE, pa.timestamp("us")),
+        (DEATH_DATE, pa.timestamp("us")),
+        (N_VISITS, pa.int32()),
+        (N_TOKENS, pa.int32()),
+        (LAST_EVENT_TIME, pa.timestamp("us")),
+        (TOKEN_IDS, pa.list_(pa.int32())),
+        (AGES, pa.list_(pa.float32())),
+        (SEGMENTS, pa.list_(pa.int8())),
+        (VISIT_INDEX, pa.list_(pa.int16())),
+        (VISIT_DATES, pa.list_(pa.timestamp("us"))),
+    ]
+)
+
+VOCAB: Final = pa.schema([("token_id", pa.int32()), ("token", pa.string()), ("train_count", pa.int64())])
+
+# ---------------------------------------------------------------------------------------------------------
+# Predictions (SPEC "Predictions file")
+# ---------------------------------------------------------------------------------------------------------
+PREDICTION_TIME: Final = "prediction_time"
+PROBABILITY: Final = "probability"
+MEDS_SUBJECT_ID: Final = "subject_id"
+
+# ---------------------------------------------------------------------------------------------------------
+# Artifact file names, per stage output directory
+# ---------------------------------------------------------------------------------------------------------
+TOKENS_DIR: Final = "tokens"  # tokens/part-00000.parquet, one part per patient shard
+VOCAB_FILE: Final = "vocab.parquet"
+QUARANTINE_FILE: Final = "quarantine.parquet"
+MANIFEST_FILE: Final = "manifest.json"
+ETL_SETTINGS_FILE: Final = "etl_settings.json"  # what predict needs to re-apply the ETL
+RESOLVED_CONFIG_FILE: Final = "config.yaml"
+LOG_FILE: Final = "run.log"
+DONE_MARKER: Final = ".done"
+METRICS_FILE: Final = "metrics.json"
+CHECKPOINT_DIR: Final = "checkpoints"
+BEST_CHECKPOINT: Final = "best.ckpt"
+LAST_CHECKPOINT: Final = "last.ckpt"
+MODEL_FILE: Final = "model.pt"  # weights + configs + vocabularies, loadable without Lightning
+LABEL_VOCAB_FILE: Final = "label_vocab.parquet"
+REPORT_FILE: Final = "report.html"
+PLOTS_DIR: Final = "plots"

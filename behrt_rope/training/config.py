@@ -1,0 +1,52 @@
+"""Settings shared by pre-training and fine-tuning (the Lightning layer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class TrainerConfig:
+    """What the Lightning trainer does; the same for ``pretrain`` and ``finetune``."""
+
+    max_epochs: int = 10
+    """Passes over the train split."""
+    max_steps: int = -1
+    """Stop after this many optimizer steps (-1: no limit)."""
+    batch_size: int = 64
+    """Sequences per batch (per device)."""
+    learning_rate: float = 5e-4
+    """Peak learning rate of AdamW, reached after the warm-up."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (not applied to biases, norms and embeddings' biases)."""
+    warmup_fraction: float = 0.1
+    """Share of all steps spent warming the learning rate up linearly from 0."""
+    schedule: Literal["linear", "cosine"] = "linear"
+    """Decay after the warm-up, down to 0 at the last step."""
+    gradient_clip: float = 1.0
+    """Clip the gradient norm to this (0: off)."""
+    precision: Literal["auto", "32-true", "bf16-mixed", "16-mixed"] = "auto"
+    """auto: bf16-mixed on a GPU that supports it, 32-true on CPU."""
+    accelerator: Literal["auto", "cpu", "gpu"] = "auto"
+    devices: str = "auto"
+    """Number of devices per node, or 'auto'."""
+    num_nodes: int = 1
+    strategy: str = "auto"
+    """Lightning strategy, e.g. 'ddp' for several GPUs or nodes."""
+    ddp_backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """Process-group backend for ddp; gloo works on CPU."""
+    num_workers: int = 0
+    """DataLoader worker processes."""
+    bucket_size: int = 50
+    """Length bucketing: sort each group of this many batches by length, then shuffle the batches."""
+    early_stopping_patience: int = 3
+    """Validation checks without improvement before stopping (0: off)."""
+    seed: int = 0
+    """Seeds weights, masking, sampling and dropout."""
+    deterministic: bool = False
+    """Ask torch for deterministic kernels (slower)."""
+    log_every_n_steps: int = 10
+    progress_bar: bool = True
+    limit_val_batches: float = 1.0
+    """Share (<=1) or number (>1) of validation batches per check."""

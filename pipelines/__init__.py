@@ -1,0 +1,1 @@
+"""Workflows: thin ``run(config) -> output path`` functions that wire library components together."""
