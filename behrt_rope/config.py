@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import types
 import typing
 from pathlib import Path
@@ -107,7 +108,7 @@ def field_help(cls: type) -> dict[str, str]:
     body = ast.parse(source).body[0]
     docs: dict[str, str] = {}
     statements = getattr(body, "body", [])
-    for node, nxt in zip(statements, statements[1:]):
+    for node, nxt in itertools.pairwise(statements):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)
@@ -178,9 +179,9 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     origin = get_origin(tp)
     args = get_args(tp)
     if origin in (Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null", "none", "~")):
-            if type(None) in args:
-                return None
+        blank = value is None or (isinstance(value, str) and value.strip().lower() in ("", "null", "none", "~"))
+        if blank and type(None) in args:
+            return None
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:

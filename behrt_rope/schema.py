@@ -40,6 +40,9 @@ TIME: Final = "time"  # event timestamp (timestamp[us]); dates become midnight
 SOURCE_TABLE: Final = "source_table"  # which input table (file) a row came from
 SOURCE_ROW: Final = "source_row"  # 0-based row number inside that table
 REASON: Final = "reason"
+TIME_RAW: Final = "time_raw"  # the time as read, kept for the quarantine file
+BIRTH_RAW: Final = "birth_date_raw"
+DEATH_RAW: Final = "death_date_raw"
 
 CANONICAL_PATIENTS: Final = pa.schema(
     [
@@ -90,6 +93,7 @@ class Reason:
     BEFORE_BIRTH: Final = "event_before_birth"
     AFTER_DEATH: Final = "event_after_death"
     VISIT_TOO_LONG: Final = "visit_exceeds_max_seq_len"
+    DUPLICATE: Final = "exact_duplicate"  # listed in the quarantine file, counted as duplicates_dropped
 
 
 # ---------------------------------------------------------------------------------------------------------

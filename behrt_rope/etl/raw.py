@@ -1,0 +1,108 @@
+"""The canonical tables every reader hands to the shared cleaning step, and the helpers to build them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from behrt_rope import schema as S
+
+
+@dataclass
+class RawTables:
+    """One patient shard of raw input in canonical form (nothing rejected yet).
+
+    ``patients``: PATIENT_ID (str), BIRTH_DATE / DEATH_DATE (datetime64[us], NaT when missing or
+    unparseable), BIRTH_RAW / DEATH_RAW (the text as read), SOURCE_TABLE, SOURCE_ROW.
+    ``events``: PATIENT_ID (str, '' when missing), TIME (datetime64[us], NaT when unparseable), TIME_RAW,
+    CODE (str, '' when empty), CODE_SYSTEM (str, '' for none), VISIT_ID (str, '' for none), SOURCE_TABLE,
+    SOURCE_ROW.
+    Every input row of the shard is either one canonical row or counted in ``filtered`` (rows a format
+    reads on purpose but does not use, such as non-diagnosis MEDS events), so that, per source table,
+    ``rows_read = canonical rows + filtered``.
+    """
+
+    patients: pd.DataFrame
+    events: pd.DataFrame
+    rows_read: dict[str, int]
+    filtered: dict[str, int] = field(default_factory=dict)
+    source_splits: pd.DataFrame | None = None  # PATIENT_ID, SPLIT: splits given by the source (MEDS)
+    notes: dict[str, Any] = field(default_factory=dict)  # reader findings, copied into the manifest
+    patient_id_type: str = "string"  # 'int64' when the source ids are integers (predictions keep the type)
+
+
+PATIENT_COLUMNS = (S.PATIENT_ID, S.BIRTH_DATE, S.DEATH_DATE, S.BIRTH_RAW, S.DEATH_RAW, S.SOURCE_TABLE, S.SOURCE_ROW)
+EVENT_COLUMNS = (
+    S.PATIENT_ID, S.TIME, S.TIME_RAW, S.CODE, S.CODE_SYSTEM, S.VISIT_ID, S.SOURCE_TABLE, S.SOURCE_ROW,
+)
+
+
+def patients_frame(
+    patient_id: np.ndarray,
+    birth: np.ndarray,
+    birth_raw: np.ndarray,
+    death: np.ndarray | None,
+    death_raw: np.ndarray | None,
+    source_table: str,
+    source_row: np.ndarray,
+) -> pd.DataFrame:
+    """A canonical patients frame; absent death columns become NaT / ''."""
+    n = len(patient_id)
+    return pd.DataFrame(
+        {
+            S.PATIENT_ID: np.asarray(patient_id, dtype=object),
+            S.BIRTH_DATE: np.asarray(birth, dtype="datetime64[us]"),
+            S.DEATH_DATE: np.full(n, np.datetime64("NaT"), "datetime64[us]") if death is None
+            else np.asarray(death, dtype="datetime64[us]"),
+            S.BIRTH_RAW: np.asarray(birth_raw, dtype=object),
+            S.DEATH_RAW: np.full(n, "", dtype=object) if death_raw is None else np.asarray(death_raw, dtype=object),
+            S.SOURCE_TABLE: np.full(n, source_table, dtype=object),
+            S.SOURCE_ROW: np.asarray(source_row, dtype=np.int64),
+        }
+    )
+
+
+def events_frame(
+    patient_id: np.ndarray,
+    time: np.ndarray,
+    time_raw: np.ndarray,
+    code: np.ndarray,
+    code_system: np.ndarray | None,
+    visit_id: np.ndarray | None,
+    source_table: str,
+    source_row: np.ndarray,
+) -> pd.DataFrame:
+    """A canonical events frame; absent code systems and visit ids become ''."""
+    n = len(patient_id)
+    blank = np.full(n, "", dtype=object)
+    return pd.DataFrame(
+        {
+            S.PATIENT_ID: np.asarray(patient_id, dtype=object),
+            S.TIME: np.asarray(time, dtype="datetime64[us]"),
+            S.TIME_RAW: np.asarray(time_raw, dtype=object),
+            S.CODE: np.asarray(code, dtype=object),
+            S.CODE_SYSTEM: blank if code_system is None else np.asarray(code_system, dtype=object),
+            S.VISIT_ID: blank.copy() if visit_id is None else np.asarray(visit_id, dtype=object),
+            S.SOURCE_TABLE: np.full(n, source_table, dtype=object),
+            S.SOURCE_ROW: np.asarray(source_row, dtype=np.int64),
+        }
+    )
+
+
+def concat(frames: list[pd.DataFrame], columns: tuple[str, ...]) -> pd.DataFrame:
+    """Concatenate canonical frames, or an empty one with the right columns."""
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype=_empty_dtype(c)) for c in columns})
+    return pd.concat(frames, ignore_index=True)
+
+
+def _empty_dtype(column: str) -> str:
+    if column in (S.TIME, S.BIRTH_DATE, S.DEATH_DATE):
+        return "datetime64[us]"
+    if column == S.SOURCE_ROW:
+        return "int64"
+    return "object"

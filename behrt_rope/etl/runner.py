@@ -1,0 +1,254 @@
+"""The ETL as a whole: read shard by shard, clean, structure, fit the vocabulary, write tokens and manifest.
+
+Memory holds one patient shard at a time (``shards`` setting): each pass reads the input in streaming
+batches and keeps only the rows of its shard's patients (a hash of the patient id picks the shard), writes
+that shard's structured visits to a temporary folder, and counts its train codes. The vocabulary is fitted
+on the summed counts; a last pass turns each shard into ``tokens/part-NNNNN.parquet``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm.auto import tqdm
+
+from behrt_rope import config as config_lib
+from behrt_rope import schema as S
+from behrt_rope.etl.clean import Cleaned, clean, quarantine_rows
+from behrt_rope.etl.codes import fit_vocabulary, tokens_of
+from behrt_rope.etl.config import EtlConfig
+from behrt_rope.etl.raw import RawTables
+from behrt_rope.etl.readers import reader_for
+from behrt_rope.etl.split import assign_splits
+from behrt_rope.etl.tokenize import Structured, structure, to_token_table
+
+log = logging.getLogger(__name__)
+TMP_DIR = ".shards"
+
+
+@dataclass
+class ShardResult:
+    """What one shard contributes: structured visits, splits, quarantine and counts."""
+
+    structured: Structured
+    splits: np.ndarray  # per structured patient
+    quarantine: pd.DataFrame
+    counts: dict[str, Counter[str]]  # per source table: rows, used, quarantined, duplicates_dropped, filtered
+    reasons: Counter[str]
+    used_events: int
+    notes: dict[str, Any] = field(default_factory=dict)
+    patient_id_type: str = "string"
+
+
+def process_shard(raw: RawTables, config: EtlConfig) -> ShardResult:
+    """Clean, structure and split one shard of canonical tables."""
+    cleaned = clean(raw.patients, raw.events)
+    tokens = tokens_of(
+        cleaned.events[S.CODE].to_numpy(dtype=object), cleaned.events[S.CODE_SYSTEM].to_numpy(dtype=object), config
+    )
+    structured = structure(cleaned.events, tokens, cleaned.patients, config.max_seq_len)
+    too_long = np.where(structured.too_long, S.Reason.VISIT_TOO_LONG, "").astype(object)
+    quarantine = pd.concat(
+        [cleaned.quarantine, quarantine_rows(cleaned.events, too_long, S.TIME_RAW, S.CODE)], ignore_index=True
+    )
+    ids = structured.patients[S.PATIENT_ID].to_numpy(dtype=object)
+    splits = assign_splits(ids, config.split)
+    if raw.source_splits is not None and len(raw.source_splits):
+        given = raw.source_splits.set_index(S.PATIENT_ID)[S.SPLIT]
+        from_source = given.reindex(ids).to_numpy(dtype=object)
+        splits = np.where(pd.isna(from_source), splits, from_source)
+    counts = _counts(raw, cleaned, structured.too_long, quarantine)
+    return ShardResult(
+        structured, splits, quarantine, counts, Counter(quarantine[S.REASON].tolist()),
+        int((~structured.too_long).sum()), raw.notes, raw.patient_id_type,
+    )
+
+
+def _counts(
+    raw: RawTables, cleaned: Cleaned, too_long: np.ndarray, quarantine: pd.DataFrame
+) -> dict[str, Counter[str]]:
+    """Per source table: rows read and where each went (used, quarantined, duplicates_dropped, filtered)."""
+    counts: dict[str, Counter[str]] = {}
+    for table, n in raw.rows_read.items():
+        counts[table] = Counter(rows=n, filtered=raw.filtered.get(table, 0))
+    used = pd.concat(
+        [cleaned.patients[S.SOURCE_TABLE], cleaned.events.loc[~too_long, S.SOURCE_TABLE]], ignore_index=True
+    ).value_counts()
+    for table, n in used.items():
+        counts.setdefault(str(table), Counter())["used"] += int(n)
+    is_dup = quarantine[S.REASON] == S.Reason.DUPLICATE
+    for key, rows in (("duplicates_dropped", quarantine[is_dup]), ("quarantined", quarantine[~is_dup])):
+        for table, n in rows[S.SOURCE_TABLE].value_counts().items():
+            counts.setdefault(str(table), Counter())[key] += int(n)
+    return counts
+
+
+def run_etl(input_dir: Path, out_dir: Path, config: EtlConfig, progress: bool = True) -> dict[str, Any]:
+    """Run the whole ETL from ``input_dir`` into ``out_dir``; return the manifest (also written)."""
+    started = time.perf_counter()
+    read = reader_for(config.format)
+    tmp = out_dir / TMP_DIR
+    results: list[ShardResult] = []
+    train_counts: Counter[str] = Counter()
+    for shard in tqdm(range(config.shards), desc="etl: reading shards", disable=not progress or config.shards == 1):
+        result = process_shard(read(input_dir, config, shard, config.shards), config)
+        train_counts.update(_train_token_counts(result))
+        if config.shards > 1:
+            _spill(result, tmp / f"{shard:05d}")
+        results.append(result)
+    vocabulary = fit_vocabulary(pd.Series(train_counts, dtype="int64"), config.min_code_count)
+
+    tokens_dir = out_dir / S.TOKENS_DIR
+    shutil.rmtree(tokens_dir, ignore_errors=True)
+    tokens_dir.mkdir(parents=True)
+    token_stats = []
+    for shard, result in enumerate(results):
+        structured = _unspill(tmp / f"{shard:05d}") if config.shards > 1 else result.structured
+        table = to_token_table(structured, vocabulary, result.splits)
+        pq.write_table(table, tokens_dir / f"part-{shard:05d}.parquet")
+        token_stats.append(_token_stats(table))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    quarantine = pd.concat([r.quarantine for r in results], ignore_index=True)
+    quarantine = quarantine.sort_values([S.SOURCE_TABLE, S.SOURCE_ROW], kind="stable")
+    pq.write_table(pa.Table.from_pandas(quarantine, schema=S.QUARANTINE, preserve_index=False),
+                   out_dir / S.QUARANTINE_FILE)
+    pq.write_table(pa.Table.from_pandas(vocabulary, schema=S.VOCAB, preserve_index=False), out_dir / S.VOCAB_FILE)
+    manifest = build_manifest(results, vocabulary, token_stats, config, input_dir)
+    manifest["seconds"] = round(time.perf_counter() - started, 3)
+    return manifest
+
+
+def _train_token_counts(result: ShardResult) -> Counter[str]:
+    s = result.structured
+    train_patient = result.splits == S.TRAIN
+    train_visit = train_patient[s.visits["patient"].to_numpy()]
+    tokens = s.codes["token"].to_numpy(dtype=object)[train_visit[s.codes["visit"].to_numpy()]]
+    return Counter(pd.Series(tokens, dtype=object).value_counts().to_dict())
+
+
+def _spill(result: ShardResult, folder: Path) -> None:
+    """Move a shard's structured tables to disk so only one shard is in memory at a time."""
+    folder.mkdir(parents=True, exist_ok=True)
+    s = result.structured
+    for name in ("patients", "visits", "codes"):
+        getattr(s, name).to_parquet(folder / f"{name}.parquet")
+    result.structured = Structured(
+        s.patients.iloc[:0], s.visits.iloc[:0], s.codes.iloc[:0], s.merged_in_visit, s.truncated_events,
+        s.truncated_visits, s.truncated_patients, np.zeros(0, dtype=bool),
+    )
+    result.quarantine.to_parquet(folder / "quarantine.parquet")
+
+
+def _unspill(folder: Path) -> Structured:
+    frames = {name: pd.read_parquet(folder / f"{name}.parquet") for name in ("patients", "visits", "codes")}
+    frames["codes"]["token"] = frames["codes"]["token"].astype(object)
+    frames["patients"][S.PATIENT_ID] = frames["patients"][S.PATIENT_ID].astype(object)
+    return Structured(frames["patients"], frames["visits"], frames["codes"], 0, 0, 0, 0, np.zeros(0, dtype=bool))
+
+
+def _token_stats(table: pa.Table) -> dict[str, Any]:
+    lengths = table.column(S.N_TOKENS).to_numpy()
+    ids = pa.concat_arrays([c.flatten() for c in table.column(S.TOKEN_IDS).chunks]).to_numpy() \
+        if table.num_rows else np.zeros(0, dtype=np.int32)
+    split_per_token = np.repeat(table.column(S.SPLIT).to_numpy(zero_copy_only=False), lengths)
+    return {
+        "lengths": lengths,
+        "splits": table.column(S.SPLIT).to_numpy(zero_copy_only=False),
+        "unk_by_split": Counter(split_per_token[ids == S.UNK_ID].tolist()),
+        "codes_by_split": Counter(split_per_token[ids >= S.N_SPECIAL].tolist())
+        + Counter(split_per_token[ids == S.UNK_ID].tolist()),
+    }
+
+
+def build_manifest(
+    results: list[ShardResult],
+    vocabulary: pd.DataFrame,
+    token_stats: list[dict[str, Any]],
+    config: EtlConfig,
+    input_dir: Path,
+) -> dict[str, Any]:
+    """Counts that reconcile with the input, per source table, plus tokens, splits and vocabulary."""
+    tables: dict[str, Counter[str]] = {}
+    for r in results:
+        for table, c in r.counts.items():
+            tables.setdefault(table, Counter()).update(c)
+    table_report = {}
+    for table, c in sorted(tables.items()):
+        parts = {k: int(c.get(k, 0)) for k in ("used", "quarantined", "duplicates_dropped", "filtered")}
+        table_report[table] = {"rows": int(c.get("rows", 0)), **parts, "reconciles": sum(parts.values()) == c["rows"]}
+    lengths = np.concatenate([t["lengths"] for t in token_stats]) if token_stats else np.zeros(0)
+    splits = np.concatenate([t["splits"] for t in token_stats]) if token_stats else np.zeros(0, dtype=object)
+    unk: Counter[str] = sum((t["unk_by_split"] for t in token_stats), Counter())
+    codes: Counter[str] = sum((t["codes_by_split"] for t in token_stats), Counter())
+    notes: dict[str, Any] = {}
+    for r in results:
+        for key, value in r.notes.items():
+            notes[key] = notes.get(key, 0) + value if isinstance(value, (int, float)) and key in notes else value
+    id_types = {r.patient_id_type for r in results}
+    return {
+        "format": config.format,
+        "input": str(input_dir),
+        "tables": table_report,
+        "reconciles": all(t["reconciles"] for t in table_report.values()),
+        "quarantine_reasons": dict(sorted(sum((r.reasons for r in results), Counter()).items())),
+        "events_used": _events_used(results, int(sum(codes.values()))),
+        "truncation": {
+            "max_seq_len": config.max_seq_len,
+            "patients_truncated": sum(r.structured.truncated_patients for r in results),
+            "visits_dropped": sum(r.structured.truncated_visits for r in results),
+            "events_dropped": sum(r.structured.truncated_events for r in results),
+        },
+        "patients": {
+            "with_tokens": len(lengths),
+            "by_split": {s: int((splits == s).sum()) for s in S.SPLITS},
+        },
+        "sequence_length": _describe(lengths),
+        "vocabulary": {
+            "size": len(vocabulary),
+            "codes": len(vocabulary) - S.N_SPECIAL,
+            "min_code_count": config.min_code_count,
+            "train_codes_mapped_to_unk": int(vocabulary.loc[S.UNK_ID, "train_count"]),
+            "unk_share_by_split": {s: round(unk.get(s, 0) / codes[s], 6) if codes.get(s) else 0.0 for s in S.SPLITS},
+        },
+        "reader": notes,
+        "patient_id_type": "int64" if id_types == {"int64"} else "string",
+        "shards": config.shards,
+        "settings": config_lib.to_dict(config),
+    }
+
+
+def _events_used(results: list[ShardResult], code_tokens: int) -> dict[str, Any]:
+    """Where the usable events went: a code token, merged into the same code of its visit, or truncated."""
+    merged = sum(r.structured.merged_in_visit for r in results)
+    dropped = sum(r.structured.truncated_events for r in results)
+    used = sum(r.used_events for r in results)
+    return {
+        "events": used,
+        "code_tokens": code_tokens,
+        "merged_within_visit": merged,
+        "dropped_by_max_seq_len": dropped,
+        "reconciles": used == code_tokens + merged + dropped,
+    }
+
+
+def _describe(lengths: np.ndarray) -> dict[str, float]:
+    if len(lengths) == 0:
+        return {"mean": 0.0, "median": 0.0, "p95": 0.0, "max": 0.0, "tokens": 0}
+    return {
+        "mean": round(float(lengths.mean()), 2),
+        "median": float(np.median(lengths)),
+        "p95": float(np.percentile(lengths, 95)),
+        "max": int(lengths.max()),
+        "tokens": int(lengths.sum()),
+    }
