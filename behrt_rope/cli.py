@@ -111,8 +111,9 @@ def _load_pipeline(name: str) -> ModuleType | None:
         raise
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser; each subcommand's epilog lists its config keys with defaults and help."""
+def build_parser(detail: str | None = None) -> argparse.ArgumentParser:
+    """The parser. Only command ``detail`` imports its pipeline (for the config keys in its epilog), so
+    that ``behrt-rope etl`` does not pay for importing torch and Lightning."""
     parser = argparse.ArgumentParser(
         prog="behrt-rope",
         description="BEHRT with rotary position embedding: EHR visit histories to diagnosis-risk predictions.",
@@ -120,12 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in COMMANDS.items():
-        module = _load_pipeline(name)
         epilog = None
-        if module is not None:
-            epilog = "config keys (set with key=value):\n" + "\n".join(config_lib.describe(module.Config))
-        else:
-            epilog = "not built yet in this version"
+        if name == detail:
+            module = _load_pipeline(name)
+            epilog = "not built yet in this version" if module is None else (
+                "config keys (set with key=value):\n" + "\n".join(config_lib.describe(module.Config))
+            )
         p = sub.add_parser(
             name, help=command.summary, description=command.summary, epilog=epilog,
             formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -140,7 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(chosen if chosen in COMMANDS else None)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

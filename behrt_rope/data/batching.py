@@ -1,0 +1,110 @@
+"""Per-batch padding and length-bucketed batch sampling.
+
+Sorting a window of ``bucket_size`` batches by length before cutting batches keeps sequences of similar
+length together, so each batch pads to a length close to its members'; the batches are then shuffled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from behrt_rope import schema as S
+
+FIELDS = ("token_ids", "ages", "segments", "visit_index")
+
+
+def pad_batch(items: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    """Stack variable-length items into padded tensors (B, T), T = longest item in the batch.
+
+    Returns token_ids/segments/visit_index (long), ages (float32, years) and attention_mask (bool, True on
+    real tokens); padding uses ``S.PAD_ID`` and zeros.
+
+    >>> b = pad_batch([{f: np.arange(3) for f in FIELDS}, {f: np.arange(1) for f in FIELDS}])
+    >>> b["token_ids"].tolist(), b["attention_mask"].sum(1).tolist()
+    ([[0, 1, 2], [0, 0, 0]], [3, 1])
+    """
+    longest = max(len(item["token_ids"]) for item in items)
+    batch: dict[str, torch.Tensor] = {}
+    for name in FIELDS:
+        dtype = np.float32 if name == "ages" else np.int64
+        fill = S.PAD_ID if name == "token_ids" else 0
+        out = np.full((len(items), longest), fill, dtype=dtype)
+        for row, item in enumerate(items):
+            out[row, : len(item[name])] = item[name]
+        batch[name] = torch.from_numpy(out)
+    lengths = torch.tensor([len(item["token_ids"]) for item in items])
+    batch["attention_mask"] = torch.arange(longest)[None, :] < lengths[:, None]
+    return batch
+
+
+def padding_share(lengths: np.ndarray, batches: list[np.ndarray]) -> float:
+    """Share of padded positions over the given batches (each an array of item indices).
+
+    >>> padding_share(np.array([1, 3, 2, 2]), [np.array([0, 1]), np.array([2, 3])])
+    0.25
+    """
+    real = sum(int(lengths[b].sum()) for b in batches)
+    padded = sum(int(lengths[b].max()) * len(b) for b in batches if len(b))
+    return 1.0 - real / padded if padded else 0.0
+
+
+class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
+    """Batches of indices grouped by length; shuffled per epoch; shards batches across DDP ranks.
+
+    Lightning calls ``set_epoch`` each epoch. Under DDP every rank gets the same number of batches (the
+    list is padded by repeating batches), so no rank waits for another at the end of an epoch.
+    """
+
+    def __init__(
+        self, lengths: np.ndarray, batch_size: int, bucket_size: int = 50, shuffle: bool = True, seed: int = 0
+    ) -> None:
+        self.lengths = np.asarray(lengths)
+        self.batch_size = batch_size
+        self.bucket_size = max(1, bucket_size)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches(self) -> list[np.ndarray]:
+        """This epoch's batches, for all ranks."""
+        rng = np.random.default_rng([self.seed, self.epoch])
+        n = len(self.lengths)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        window = self.batch_size * self.bucket_size
+        batches: list[np.ndarray] = []
+        for start in range(0, n, window):
+            chunk = order[start : start + window]
+            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
+            batches.extend(chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size))
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def _rank_batches(self) -> list[np.ndarray]:
+        batches = self.batches()
+        world, rank = _world()
+        if world == 1:
+            return batches
+        per_rank = -(-len(batches) // world)
+        batches = batches + batches[: per_rank * world - len(batches)]
+        return batches[rank::world]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self._rank_batches():
+            yield batch.tolist()
+
+    def __len__(self) -> int:
+        world, _ = _world()
+        return -(-len(self.batches()) // world)
+
+
+def _world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0

@@ -1,0 +1,82 @@
+"""Multi-head self-attention with rotary position embedding, on ``scaled_dot_product_attention``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from behrt_rope.model.config import ModelConfig
+from behrt_rope.model.rope import apply_rope
+
+
+def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Turn a ``(B, T)`` bool "real token" mask into SDPA's ``(B, 1, 1, T)`` key mask, or ``None``.
+
+    ``None`` comes back when nothing is padded (or no mask was given): an explicit mask rules out the flash
+    backend on GPU, and costs a masked add on CPU, for nothing. Finding that out reads the mask on the host:
+    one device sync per forward on GPU (not measured here against the cost of always passing the mask).
+
+    A query whose keys are all masked gets a softmax over nothing: NaN. Real queries always see themselves,
+    and padding queries see their row's real tokens, so only a row made entirely of padding can hit it. For
+    such a row key 0 is unmasked, so that its (meaningless, never used) outputs stay finite and no NaN reaches
+    the gradients of the weights.
+
+    >>> m = torch.tensor([[True, True, False], [False, False, False]])
+    >>> key_padding_mask(m)[:, 0, 0].tolist()
+    [[True, True, False], [True, False, False]]
+    >>> key_padding_mask(torch.ones(2, 3, dtype=torch.bool)) is None
+    True
+    """
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    mask = attention_mask.bool().clone()  # (B, T)
+    mask[:, 0] |= ~mask.any(dim=-1)  # all-padding rows may attend to key 0: no all-masked softmax, no NaN
+    return mask[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
+
+
+class SelfAttention(nn.Module):
+    """Bidirectional multi-head self-attention; RoPE rotates queries and keys when tables are given."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.head_dim = config.hidden_size // config.num_heads
+        # q, k and v of all heads in one matmul
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.attention_dropout = config.attention_dropout
+        self.resid_drop = nn.Dropout(config.dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None = None,
+        sin: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attend.
+
+        Args:
+            x: ``(B, T, H)`` hidden states.
+            cos, sin: ``(B, T, d/2)`` RoPE tables from ``rope_angles``, or ``None`` (no rotation: the absolute
+                ablation).
+            attn_mask: ``(B, 1, 1, T)`` bool, True where a key may be attended to (see
+                :func:`key_padding_mask`), or ``None`` for no padding.
+
+        Returns:
+            ``(B, T, H)``.
+        """
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=-1)  # 3 x (B, T, H)
+        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, d)
+        k = k.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, d)
+        v = v.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, d)
+        if cos is not None and sin is not None:
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+        # Dropout on the attention weights only while training: any p > 0 sends CPU to the slow math path.
+        dropout_p = self.attention_dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)  # (B, nh, T, d)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, H): heads side by side again
+        return self.resid_drop(self.proj(y))

@@ -1,0 +1,70 @@
+"""The input embedding: code + segment + Time2Vec(age) (+ a sinusoidal position table in the ablation)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from behrt_rope.model.config import ModelConfig
+from behrt_rope.model.rope import sinusoidal_table
+from behrt_rope.model.time2vec import Time2Vec
+from behrt_rope.schema import N_SPECIAL, PAD_ID
+
+
+class BehrtEmbeddings(nn.Module):
+    """Sum of the token's code, segment and age embeddings, then LayerNorm and dropout, as in BEHRT.
+
+    With ``position_encoding="rope"`` no position enters here: positions act only inside attention, by
+    rotating queries and keys. With ``"absolute"`` (the ablation) BEHRT's fixed sinusoidal table, indexed by
+    the rounded position, is added too. The table is a non-persistent buffer, so both settings have the same
+    state dict.
+    """
+
+    position_table: torch.Tensor  # (max_positions, H), registered only with position_encoding="absolute"
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.vocab_size <= N_SPECIAL:
+            raise ValueError(f"vocab_size {config.vocab_size} must exceed the {N_SPECIAL} special tokens")
+        self.code = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=PAD_ID)
+        self.segment = nn.Embedding(config.num_segments, config.hidden_size)
+        self.age = Time2Vec(config)
+        self.absolute = config.position_encoding == "absolute"
+        if self.absolute:
+            table = sinusoidal_table(config.max_positions, config.hidden_size)  # (max_positions, H)
+            self.register_buffer("position_table", table, persistent=False)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        ages: torch.Tensor,
+        segments: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Embed one batch.
+
+        Args:
+            token_ids: ``(B, T)`` long vocabulary ids.
+            ages: ``(B, T)`` float ages in years.
+            segments: ``(B, T)`` long segment ids in ``[0, num_segments)``.
+            positions: ``(B, T)`` float positions; used (and required) only with
+                ``position_encoding="absolute"``.
+
+        Returns:
+            ``(B, T, H)``.
+        """
+        x = self.code(token_ids) + self.segment(segments.long()) + self.age(ages)  # (B, T, H)
+        if self.absolute:
+            if positions is None:
+                raise ValueError("position_encoding='absolute' needs positions")
+            index = positions.round().long()  # (B, T); ages * rope_age_scale round to the nearest unit
+            # A data-dependent check (a host sync on GPU), paid only by the ablation: an index outside the
+            # table would otherwise be a device-side assert on GPU.
+            n = self.position_table.shape[0]
+            if bool((index < 0).any()) or bool((index >= n).any()):
+                raise ValueError(f"absolute position encoding needs positions in [0, max_positions={n})")
+            x = x + F.embedding(index, self.position_table)  # (B, T, H)
+        return self.drop(self.norm(x))

@@ -1,0 +1,170 @@
+"""Task heads on the encoder: masked-code pre-training and multi-label diagnosis prediction."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal, NamedTuple
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from behrt_rope.model.config import ModelConfig
+from behrt_rope.model.encoder import BehrtEncoder, init_weights
+from behrt_rope.schema import PAD_ID
+
+IGNORE_INDEX = -100
+"""Label of the tokens that the MLM loss skips (PyTorch's ``cross_entropy`` default)."""
+
+
+class MaskedLMOutput(NamedTuple):
+    """What :class:`BehrtForMaskedLM` returns; ``N`` is the number of chosen tokens in the batch."""
+
+    loss: torch.Tensor
+    """Scalar mean cross-entropy over the chosen tokens (0, still attached to the graph, when ``N == 0``)."""
+    logits: torch.Tensor
+    """``(N, V)`` code logits at the chosen tokens, in row-major order of the batch."""
+    labels: torch.Tensor
+    """``(N,)`` long original ids at the chosen tokens, aligned with ``logits``."""
+
+
+class BehrtForMaskedLM(nn.Module):
+    """Encoder + BERT's MLM head: dense, GELU, LayerNorm, then a decoder tied to the code embedding + a bias.
+
+    Tying: the decoder multiplies by ``encoder.embeddings.code.weight`` itself (``F.linear``), so there is one
+    weight matrix, one entry in the state dict, and nothing to re-tie after loading.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = BehrtEncoder(config)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.gelu = nn.GELU()
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        for module in (self.dense, self.norm):
+            module.apply(init_weights)
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        ages: torch.Tensor,
+        segments: torch.Tensor,
+        visit_index: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        labels: torch.Tensor,
+    ) -> MaskedLMOutput:
+        """Predict the original code at the chosen tokens.
+
+        Args:
+            token_ids, ages, segments, visit_index, attention_mask: as :meth:`BehrtEncoder.forward`, with
+                ``token_ids`` already masked (see ``behrt_rope.data.masking.mask_tokens``).
+            labels: ``(B, T)`` long original ids at the chosen tokens, ``-100`` elsewhere.
+
+        Only the chosen rows (about 15% of the real tokens) go through the head and the ``V``-wide decoder,
+        which is most of the head's cost.
+        """
+        hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask)  # (B, T, H)
+        chosen = labels != IGNORE_INDEX  # (B, T)
+        h = hidden[chosen]  # (N, H)
+        h = self.norm(self.gelu(self.dense(h)))  # (N, H)
+        logits = F.linear(h, self.encoder.embeddings.code.weight, self.decoder_bias)  # (N, V)
+        targets = labels[chosen]  # (N,)
+        # Sum / max(N, 1) instead of the mean: a batch with nothing chosen gives 0, not NaN.
+        loss = F.cross_entropy(logits.float(), targets, reduction="sum") / max(targets.numel(), 1)
+        return MaskedLMOutput(loss=loss, logits=logits, labels=targets)
+
+
+class BehrtForMultiLabel(nn.Module):
+    """Encoder + pooling + dropout + linear: one logit per label (e.g. diagnoses in the next visit)."""
+
+    def __init__(self, config: ModelConfig, num_labels: int, pooling: Literal["cls", "mean"] = "cls") -> None:
+        """``pooling``: ``"cls"`` reads the ``[CLS]`` token's state (position 0); ``"mean"`` averages the real
+        (non-padding) tokens' states."""
+        super().__init__()
+        if num_labels <= 0:
+            raise ValueError(f"num_labels must be positive, got {num_labels}")
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
+        self.config = config
+        self.num_labels = num_labels
+        self.pooling = pooling
+        self.encoder = BehrtEncoder(config)
+        self.drop = nn.Dropout(config.dropout)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        self.classifier.apply(init_weights)
+
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``hidden`` ``(B, T, H)``, ``attention_mask`` ``(B, T)`` bool -> ``(B, H)``."""
+        if self.pooling == "cls":
+            return hidden[:, 0]  # (B, H)
+        weights = attention_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
+        total = (hidden * weights).sum(dim=1)  # (B, H)
+        return total / weights.sum(dim=1).clamp(min=1.0)  # (B, H); an all-padding row pools to 0
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        ages: torch.Tensor,
+        segments: torch.Tensor,
+        visit_index: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Batch fields as :meth:`BehrtEncoder.forward` -> ``(B, num_labels)`` logits (before the sigmoid)."""
+        if attention_mask is None:
+            attention_mask = token_ids != PAD_ID
+        hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask)  # (B, T, H)
+        return self.classifier(self.drop(self.pool(hidden, attention_mask)))  # (B, num_labels)
+
+
+def multilabel_loss(
+    logits: torch.Tensor, targets: torch.Tensor, pos_weight: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean binary cross-entropy over ``(B, L)`` logits and 0/1 targets; computed in float32.
+
+    ``pos_weight`` ``(L,)`` multiplies the positive term of each label (see :func:`pos_weight_from_counts`),
+    to counter rare labels.
+    """
+    weight = None if pos_weight is None else pos_weight.to(device=logits.device, dtype=torch.float32)
+    return F.binary_cross_entropy_with_logits(logits.float(), targets.float(), pos_weight=weight)
+
+
+def pos_weight_from_counts(positives: torch.Tensor, total: int, max_weight: float | None = None) -> torch.Tensor:
+    """``negatives / positives`` per label, ``(L,)`` float32: balances each label's two BCE terms.
+
+    A label never positive gets weight 1 (there is nothing to up-weight); ``max_weight`` caps the rest.
+
+    >>> pos_weight_from_counts(torch.tensor([10, 50, 0]), total=100).tolist()
+    [9.0, 1.0, 1.0]
+    """
+    positives = positives.float()
+    ratio = (total - positives) / positives.clamp(min=1.0)  # (L,)
+    weight = torch.where(positives > 0, ratio, torch.ones_like(ratio))
+    return weight if max_weight is None else weight.clamp(max=max_weight)
+
+
+def load_encoder_weights(
+    target: nn.Module, source_state_dict: Mapping[str, torch.Tensor], prefix: str = "encoder."
+) -> list[str]:
+    """Copy a pre-trained encoder into ``target``'s encoder, to start fine-tuning from MLM pre-training.
+
+    Args:
+        target: a :class:`BehrtEncoder`, or a model with an ``encoder`` attribute (e.g.
+            :class:`BehrtForMultiLabel`).
+        source_state_dict: e.g. ``BehrtForMaskedLM.state_dict()``; only the keys under ``prefix`` are used
+            (the MLM head is dropped). Pass ``prefix=""`` for a bare encoder's state dict.
+        prefix: the encoder's key prefix in ``source_state_dict``.
+
+    Returns:
+        The encoder keys loaded. Raises if the source has no key under ``prefix``, or if the encoder's keys or
+        shapes differ (strict loading: a config mismatch is an error, not a silent partial load).
+    """
+    encoder = target if isinstance(target, BehrtEncoder) else target.encoder
+    if not isinstance(encoder, BehrtEncoder):
+        raise TypeError(f"target must be a BehrtEncoder or have one as .encoder, got {type(target).__name__}")
+    state = {key[len(prefix) :]: value for key, value in source_state_dict.items() if key.startswith(prefix)}
+    if not state:
+        raise ValueError(f"no key of the source state dict starts with {prefix!r}")
+    encoder.load_state_dict(state, strict=True)
+    return sorted(state)

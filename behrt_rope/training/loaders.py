@@ -1,0 +1,35 @@
+"""DataLoaders with length-bucketed batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from behrt_rope.data.batching import BucketBatchSampler, padding_share
+from behrt_rope.data.datasets import PatientDataset
+from behrt_rope.training.config import TrainerConfig
+
+
+def make_loader(
+    dataset: PatientDataset, cfg: TrainerConfig, collate: Callable, shuffle: bool, batch_size: int | None = None
+) -> torch.utils.data.DataLoader:
+    """Length-bucketed (and, for training, shuffled) batches of ``dataset``."""
+    sampler = BucketBatchSampler(
+        dataset.lengths, batch_size or cfg.batch_size, cfg.bucket_size if shuffle else 1_000_000, shuffle, cfg.seed
+    )
+    return torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=collate, num_workers=cfg.num_workers,
+        persistent_workers=cfg.num_workers > 0,
+    )
+
+
+def padding_report(dataset: PatientDataset, cfg: TrainerConfig) -> dict[str, float]:
+    """Share of padded positions in one epoch, length-bucketed vs. plain random batches."""
+    lengths = dataset.lengths
+    bucketed = BucketBatchSampler(lengths, cfg.batch_size, cfg.bucket_size, True, cfg.seed).batches()
+    plain = BucketBatchSampler(lengths, cfg.batch_size, 1, True, cfg.seed).batches()
+    return {
+        "padding_share_bucketed": round(padding_share(lengths, bucketed), 4),
+        "padding_share_random_batches": round(padding_share(lengths, plain), 4),
+    }

@@ -1,0 +1,88 @@
+"""A Lightning ``Trainer`` from :class:`TrainerConfig`: precision, strategy, checkpoints, logs, early stop."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger
+from pytorch_lightning.strategies import DDPStrategy, Strategy
+
+from behrt_rope import schema as S
+from behrt_rope.training.config import TrainerConfig
+
+log = logging.getLogger(__name__)
+
+
+def resolve_precision(cfg: TrainerConfig) -> str:
+    """``auto``: bf16 mixed precision on a GPU that supports it, full fp32 on CPU."""
+    if cfg.precision != "auto":
+        return cfg.precision
+    on_gpu = cfg.accelerator in ("auto", "gpu") and torch.cuda.is_available()
+    return "bf16-mixed" if on_gpu and torch.cuda.is_bf16_supported() else "32-true"
+
+
+def resolve_strategy(cfg: TrainerConfig) -> str | Strategy:
+    """The strategy name, or a DDP strategy with the configured process-group backend."""
+    if cfg.strategy == "ddp" and cfg.ddp_backend != "auto":
+        return DDPStrategy(process_group_backend=cfg.ddp_backend)
+    return cfg.strategy
+
+
+def loggers(out_dir: Path) -> list[Logger]:
+    """CSV logs always; TensorBoard logs when tensorboard is installed."""
+    found: list[Logger] = [CSVLogger(out_dir, name="logs", version="")]
+    if importlib.util.find_spec("tensorboard") is not None:
+        found.append(TensorBoardLogger(out_dir, name="tensorboard", version=""))
+    return found
+
+
+def build_trainer(cfg: TrainerConfig, out_dir: Path, monitor: str | None, mode: str) -> pl.Trainer:
+    """Checkpoints ``checkpoints/best.ckpt`` (by ``monitor``) and ``checkpoints/last.ckpt``."""
+    checkpoint = ModelCheckpoint(
+        dirpath=out_dir / S.CHECKPOINT_DIR, filename=Path(S.BEST_CHECKPOINT).stem, monitor=monitor, mode=mode,
+        save_last=True, save_top_k=1, enable_version_counter=False,
+    )
+    callbacks: list[pl.Callback] = [checkpoint, LearningRateMonitor(logging_interval="step")]
+    if monitor and cfg.early_stopping_patience > 0:
+        callbacks.append(EarlyStopping(monitor=monitor, mode=mode, patience=cfg.early_stopping_patience, strict=False))
+    devices: int | str = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
+    precision = resolve_precision(cfg)
+    log.info("trainer: precision %s, accelerator %s, devices %s, strategy %s", precision, cfg.accelerator,
+             devices, cfg.strategy)
+    return pl.Trainer(
+        default_root_dir=out_dir,
+        max_epochs=cfg.max_epochs,
+        max_steps=cfg.max_steps,
+        accelerator=cfg.accelerator,
+        devices=devices,
+        num_nodes=cfg.num_nodes,
+        strategy=resolve_strategy(cfg),
+        precision=precision,  # type: ignore[arg-type]
+        gradient_clip_val=cfg.gradient_clip or None,
+        deterministic=cfg.deterministic,
+        callbacks=callbacks,
+        logger=loggers(out_dir),
+        log_every_n_steps=cfg.log_every_n_steps,
+        enable_progress_bar=cfg.progress_bar,
+        enable_model_summary=False,
+        use_distributed_sampler=False,  # BucketBatchSampler shards batches across ranks itself
+        limit_val_batches=cfg.limit_val_batches if cfg.limit_val_batches <= 1 else int(cfg.limit_val_batches),
+        num_sanity_val_steps=0,
+    )
+
+
+def resume_path(resume: str, out_dir: Path) -> str | None:
+    """``--resume``: '' for none, 'last' for OUT/checkpoints/last.ckpt, else a checkpoint path."""
+    if not resume:
+        return None
+    path = out_dir / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT if resume == "last" else Path(resume)
+    if not path.exists():
+        from behrt_rope.errors import UserError
+
+        raise UserError(f"checkpoint to resume from not found: {path}")
+    return str(path)

@@ -1,0 +1,165 @@
+"""``behrt-rope finetune``: multi-label diagnosis prediction, from a pre-trained encoder or from scratch."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+from behrt_rope import config as config_lib
+from behrt_rope import schema as S
+from behrt_rope.data.datasets import LabelledDataset, collate_labelled
+from behrt_rope.data.labels import (
+    Samples,
+    TaskConfig,
+    build_samples,
+    fit_label_vocabulary,
+    label_index,
+    targets,
+)
+from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary
+from behrt_rope.errors import UserError
+from behrt_rope.model.config import ModelConfig
+from behrt_rope.model.heads import load_encoder_weights, pos_weight_from_counts
+from behrt_rope.stage import is_done, stage, write_json
+from behrt_rope.training.bundle import load_bundle, save_bundle, task_state_dict
+from behrt_rope.training.config import TrainerConfig
+from behrt_rope.training.loaders import make_loader, padding_report
+from behrt_rope.training.tasks import MultiLabelTask
+from behrt_rope.training.trainer import build_trainer, resume_path
+
+log = logging.getLogger("behrt_rope.finetune")
+
+
+@dataclass
+class Config:
+    data: str = ""
+    """ETL output directory."""
+    out: str = ""
+    """Output directory (checkpoints, logs, model.pt, metrics.json)."""
+    pretrained: str = ""
+    """A `behrt-rope pretrain` output directory to start from; empty: train from scratch."""
+    resume: str = ""
+    """Checkpoint to resume from: a path, or 'last' for OUT/checkpoints/last.ckpt."""
+    overwrite: bool = False
+    """Redo the work even if OUT already holds a finished run of the same configuration."""
+    pooling: Literal["cls", "mean"] = "cls"
+    """Sequence summary fed to the classifier: the [CLS] state or the mean of all token states."""
+    pos_weight: bool = False
+    """Weight each label's positive term by negatives/positives in train (for rare codes)."""
+    pos_weight_max: float = 50.0
+    """Cap on the positive-class weights."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Used only without --pretrained (a pre-trained encoder brings its own configuration)."""
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(learning_rate=3e-4, max_epochs=15))
+
+
+@dataclass
+class SplitData:
+    """One split's sequences, samples and dataset."""
+
+    seqs: Sequences
+    dataset: LabelledDataset
+    y: np.ndarray
+
+
+def run(config: Config) -> Path:
+    """Fine-tune; returns the output directory."""
+    if not config.data or not config.out:
+        raise UserError("finetune needs --data ETL_DIR and --out DIR")
+    out_dir = Path(config.out)
+    if not config.overwrite and not config.resume and is_done(out_dir, config):
+        log.info("finetune: %s already holds this run; skipping (overwrite=true to redo)", out_dir)
+        return out_dir
+    seqs, vocab = load_tokens(config.data), load_vocabulary(config.data)
+    tokens = vocab["token"].tolist()
+    model_config, pretrained_state = _encoder_start(config, tokens)
+    tc = config.trainer
+    train_seqs = seqs.split(S.TRAIN)
+    train_samples = build_samples(train_seqs, config.task)
+    label_ids = fit_label_vocabulary(train_seqs, train_samples, config.task.min_label_count)
+    if len(label_ids) == 0:
+        raise UserError(
+            f"no code occurs in {config.task.min_label_count}+ train samples' labels; "
+            "lower task.min_label_count or use more data"
+        )
+    label_of_token = label_index(label_ids, len(vocab))
+    train = _split_data(train_seqs, config.task, label_of_token, train_samples)
+    tuning = _split_data(seqs.split(S.TUNING), config.task, label_of_token)
+    log.info("finetune: task %s, %d labels, %d train / %d tuning samples", config.task.name, len(label_ids),
+             len(train.y), len(tuning.y))
+    with stage(out_dir, config, "finetune") as out:
+        pl.seed_everything(tc.seed, workers=True, verbose=False)
+        pos_weight = None
+        if config.pos_weight:
+            pos_weight = pos_weight_from_counts(torch.from_numpy(train.y.sum(0)), len(train.y),
+                                                config.pos_weight_max).tolist()
+        task = MultiLabelTask(model_config, tc, len(label_ids), config.pooling, pos_weight)
+        if pretrained_state is not None:
+            load_encoder_weights(task.model, pretrained_state)
+        train_loader = make_loader(train.dataset, tc, collate_labelled, True)
+        val_loader = make_loader(tuning.dataset, tc, collate_labelled, False) if len(tuning.y) else None
+        trainer = build_trainer(tc, out, "val/macro_ap" if val_loader is not None else None, "max")
+        started = time.perf_counter()
+        trainer.fit(task, train_loader, val_loader, ckpt_path=resume_path(config.resume, out))
+        seconds = time.perf_counter() - started
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""  # type: ignore[union-attr]
+        if best:
+            task = MultiLabelTask.load_from_checkpoint(
+                best, model_config=model_config, trainer_config=tc, num_labels=len(label_ids),
+                pooling=config.pooling, pos_weight=pos_weight, weights_only=False,
+            )
+        if trainer.is_global_zero:
+            val = trainer.validate(task, val_loader, verbose=False)[0] if val_loader is not None else {}
+            metrics = {
+                "task": config.task.name, "labels": len(label_ids), "train_samples": len(train.y),
+                "tuning_samples": len(tuning.y), "tuning_macro_ap": round(float(val.get("val/macro_ap", "nan")), 5),
+                "tuning_loss": round(float(val.get("val/loss", "nan")), 5), "epochs": trainer.current_epoch,
+                "steps": trainer.global_step, "train_seconds": round(seconds, 1), "best_checkpoint": best,
+                "pretrained": config.pretrained or None, **padding_report(train.dataset, tc),
+            }
+            write_json(out / S.METRICS_FILE, metrics)
+            save_bundle(
+                out / S.MODEL_FILE, "multilabel", model_config, task_state_dict(task), vocab=tokens,
+                label_token_ids=label_ids.tolist(), labels=[tokens[i] for i in label_ids],
+                task=config_lib.to_dict(config.task), pooling=config.pooling,
+                etl_settings=_etl_settings(config.data), pretrained=config.pretrained or None,
+            )
+            log.info("finetune: tuning macro AP %.4f over %d labels", metrics["tuning_macro_ap"], len(label_ids))
+    return out_dir
+
+
+def _split_data(
+    seqs: Sequences, task: TaskConfig, label_of_token: np.ndarray, samples: Samples | None = None
+) -> SplitData:
+    samples = build_samples(seqs, task) if samples is None else samples
+    dataset = LabelledDataset(seqs, samples.rows, samples.cuts, samples.label_spans, label_of_token)
+    return SplitData(seqs, dataset, targets(seqs, samples, label_of_token))
+
+
+def _encoder_start(config: Config, tokens: list[str]) -> tuple[ModelConfig, dict | None]:
+    """Model configuration and encoder weights: from the pre-trained bundle, or fresh."""
+    if not config.pretrained:
+        return dataclasses.replace(config.model, vocab_size=len(tokens)), None
+    bundle = load_bundle(config.pretrained, "mlm")
+    if bundle["vocab"] != tokens:
+        raise UserError(
+            f"{config.pretrained} was pre-trained on a different vocabulary than {config.data}; "
+            "pre-train and fine-tune on the same ETL output"
+        )
+    return bundle["model_config"], bundle["state_dict"]
+
+
+def _etl_settings(etl_dir: str) -> dict:
+    import json
+
+    path = Path(etl_dir) / S.ETL_SETTINGS_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
