@@ -1,0 +1,78 @@
+"""``behrt-rope synth``: write a seeded synthetic cohort in the visits format.
+
+Writes ``patients.<fmt>`` and ``events.<fmt>`` (``fmt`` = ``synth.file_format``, csv or parquet) into
+``out``, with the resolved ``config.yaml``, ``run.log`` and the ``.done`` marker. The cohort itself is
+described in ``synthetic_data/README.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from behrt_rope.config import ConfigError
+from behrt_rope.schema import EVENTS_TABLE, PATIENTS_TABLE, VISIT_ID
+from behrt_rope.stage import is_done, stage
+from synthetic_data.generator import SynthConfig, generate
+
+log = logging.getLogger("behrt_rope.synth")
+FORMATS = ("csv", "parquet")
+
+
+@dataclass
+class Config:
+    """Settings of ``behrt-rope synth``."""
+
+    out: str = ""
+    """Output directory; receives patients.<fmt> and events.<fmt>."""
+    overwrite: bool = False
+    """Regenerate even when the output directory already holds a finished run of this configuration."""
+    synth: SynthConfig = field(default_factory=SynthConfig)
+
+
+def run(config: Config) -> Path:
+    """Generate the cohort of ``config.synth`` and write it to ``config.out``; return that directory."""
+    if not config.out.strip():
+        raise ConfigError("synth needs an output directory: pass --out DIR (config key 'out')")
+    out = Path(config.out)
+    if not config.overwrite and is_done(out, config):
+        log.info("synth: %s already holds this cohort; skipping (overwrite=true to regenerate)", out)
+        return out
+    with stage(out, config, "synth") as out_dir:
+        patients, events = generate(config.synth)
+        fmt = config.synth.file_format
+        write_table(patients, out_dir / f"{PATIENTS_TABLE}.{fmt}")
+        write_table(events, out_dir / f"{EVENTS_TABLE}.{fmt}")
+        _remove_other_formats(out_dir, fmt)
+        log.info(
+            "synth: %d patients, %d events, %d visits -> %s (%s)",
+            len(patients),
+            len(events),
+            events[VISIT_ID].nunique(),
+            out_dir,
+            fmt,
+        )
+    return out_dir
+
+
+def write_table(frame: pd.DataFrame, path: Path) -> None:
+    """Write a table of text columns as CSV (missing values as empty fields) or Parquet (plain ``string``)."""
+    if path.suffix == ".csv":
+        frame.to_csv(path, index=False)
+        return
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = table.cast(pa.schema([(name, pa.string()) for name in table.column_names]))
+    pq.write_table(table, path)
+
+
+def _remove_other_formats(out_dir: Path, fmt: str) -> None:
+    """A directory holding both patients.csv and patients.parquet would be ambiguous to read."""
+    for other in FORMATS:
+        if other != fmt:
+            for table in (PATIENTS_TABLE, EVENTS_TABLE):
+                (out_dir / f"{table}.{other}").unlink(missing_ok=True)
