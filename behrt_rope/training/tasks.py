@@ -25,6 +25,31 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: batch[name] for name in INPUTS}
 
 
+def batch_key(batch: dict[str, torch.Tensor]) -> float:
+    """The smallest dataset index in the batch (-1 when the batch carries no ``index``).
+
+    Batches of one epoch partition the dataset, so the key identifies a batch; a batch that DDP sharding
+    repeats (see ``BucketBatchSampler``) has the key of its original, and evaluation drops it.
+    """
+    index = batch.get("index")
+    return float(index.min()) if index is not None and index.numel() else -1.0
+
+
+def first_occurrences(keys: torch.Tensor) -> torch.Tensor:
+    """Bool mask over ``keys`` (N,): True at the first occurrence of each key; negative keys are always kept.
+
+    >>> first_occurrences(torch.tensor([3.0, 0.0, 3.0, -1.0, -1.0])).tolist()
+    [True, True, False, True, True]
+    """
+    keep = torch.ones(len(keys), dtype=torch.bool, device=keys.device)
+    seen: set[float] = set()
+    for i, key in enumerate(keys.tolist()):
+        if key >= 0:
+            keep[i] = key not in seen
+            seen.add(key)
+    return keep
+
+
 class _Task(pl.LightningModule):
     """Shared optimiser set-up and padding bookkeeping."""
 
@@ -39,6 +64,20 @@ class _Task(pl.LightningModule):
         total = int(self.trainer.estimated_stepping_batches)
         optimizer, scheduler = build_optimizer(self, self.trainer_config, max(total, 1))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _gather_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's ``(n_rank, ...)`` rows, in rank order; ranks may hold different counts.
+
+        ``all_gather`` needs equal shapes, so the rows are padded to the largest count and trimmed after.
+        """
+        if self.trainer.world_size == 1:
+            return rows
+        counts = self.all_gather(torch.tensor(len(rows), device=rows.device)).reshape(-1)  # (world,)
+        longest = int(counts.max())
+        padded = rows.new_zeros((longest, *rows.shape[1:]))
+        padded[: len(rows)] = rows
+        gathered = self.all_gather(padded)  # (world, longest, ...)
+        return torch.cat([gathered[r, : int(n)] for r, n in enumerate(counts.tolist())])
 
     def _count_padding(self, batch: dict[str, torch.Tensor]) -> None:
         mask = batch["attention_mask"]
@@ -67,27 +106,28 @@ class MaskedLMTask(_Task):
         return out.loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Per batch: [key, summed loss, top-1 hits, top-5 hits, masked tokens] (a batch with none too)."""
         out = self.model(**model_inputs(batch), labels=batch["labels"])
         n = out.labels.numel()
-        if n == 0:
-            return
         top5 = out.logits.topk(min(5, out.logits.shape[-1]), dim=-1).indices  # (N, 5)
         hits1 = (top5[:, 0] == out.labels).sum()
         hits5 = (top5 == out.labels[:, None]).any(dim=-1).sum()
-        self._val.append(torch.stack([out.loss.detach().float() * n, hits1.float(), hits5.float(),
-                                      torch.tensor(float(n), device=out.loss.device)]))
+        device = out.loss.device
+        self._val.append(torch.stack([torch.tensor(batch_key(batch), device=device), out.loss.detach().float() * n,
+                                      hits1.float(), hits5.float(), torch.tensor(float(n), device=device)]))
 
     def on_validation_epoch_end(self) -> None:
-        totals = torch.stack(self._val).sum(0) if self._val else torch.zeros(4, device=self.device)
-        totals = self.all_gather(totals)
-        if totals.ndim > 1:
-            totals = totals.sum(0)
+        """Sum the batches of all ranks, each batch once: a batch repeated to even out DDP shards is dropped."""
+        rows = torch.stack(self._val) if self._val else torch.zeros(0, 5, device=self.device)  # (batches, 5)
         self._val.clear()
+        rows = self._gather_rows(rows)
+        totals = rows[first_occurrences(rows[:, 0])][:, 1:].sum(0)  # (4,)
         n = max(float(totals[3]), 1.0)
-        self.log("val/loss", totals[0] / n, prog_bar=True)
-        self.log("val/top1_precision", totals[1] / n)
-        self.log("val/top5_recall", totals[2] / n)
-        self.log("val/masked_tokens", totals[3])
+        # identical on every rank after the gather; sync_dist only averages equal values (and keeps Lightning quiet)
+        self.log("val/loss", totals[0] / n, prog_bar=True, sync_dist=True)
+        self.log("val/top1_precision", totals[1] / n, sync_dist=True)
+        self.log("val/top5_recall", totals[2] / n, sync_dist=True)
+        self.log("val/masked_tokens", totals[3], sync_dist=True)
 
 
 class MultiLabelTask(_Task):
@@ -108,6 +148,7 @@ class MultiLabelTask(_Task):
         )
         self._scores: list[torch.Tensor] = []
         self._targets: list[torch.Tensor] = []
+        self._keys: list[torch.Tensor] = []
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.model(**model_inputs(batch))
@@ -123,20 +164,46 @@ class MultiLabelTask(_Task):
         loss = multilabel_loss(logits, batch["targets"], self.pos_weight)
         self.log("val/loss", loss, batch_size=batch["token_ids"].shape[0], sync_dist=True)
         self._scores.append(torch.sigmoid(logits.float()).detach())
-        self._targets.append(batch["targets"].detach())
+        self._targets.append(batch["targets"].detach().float())
+        self._keys.append(torch.full((len(logits),), batch_key(batch), device=logits.device))
 
     def on_validation_epoch_end(self) -> None:
-        if not self._scores:
-            return
-        scores = self.all_gather(torch.cat(self._scores)).reshape(-1, self.model.num_labels)
-        targets = self.all_gather(torch.cat(self._targets)).reshape(-1, self.model.num_labels)
+        """Macro AP over every rank's samples; ranks may hold different counts, repeated batches count once."""
+        labels = self.model.num_labels
+        empty = torch.zeros(0, labels, device=self.device)
+        scores = torch.cat(self._scores) if self._scores else empty  # (n, L)
+        targets = torch.cat(self._targets) if self._targets else empty  # (n, L)
+        keys = torch.cat(self._keys) if self._keys else torch.zeros(0, device=self.device)  # (n,)
         self._scores.clear()
         self._targets.clear()
+        self._keys.clear()
+        rows = self._gather_rows(torch.cat([keys[:, None], scores, targets], dim=1))  # (N, 1 + 2L)
+        rows = rows[_first_rows_of_batches(rows[:, 0])]
+        if not len(rows):
+            return
+        scores, targets = rows[:, 1 : 1 + labels], rows[:, 1 + labels :]
         self.log("val/macro_ap", macro_average_precision(targets.cpu().numpy(), scores.cpu().numpy()),
-                 prog_bar=True)
+                 prog_bar=True, sync_dist=True)
 
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return torch.sigmoid(self(batch).float())
+
+
+def _first_rows_of_batches(keys: torch.Tensor) -> torch.Tensor:
+    """Bool mask over per-sample batch keys ``(N,)``: drop the samples of a batch seen before (a DDP repeat).
+
+    A batch's samples are consecutive and share its key; negative keys (no index) are always kept.
+
+    >>> _first_rows_of_batches(torch.tensor([0.0, 0.0, 4.0, 0.0, 0.0])).tolist()
+    [True, True, True, False, False]
+    """
+    if not len(keys):
+        return torch.zeros(0, dtype=torch.bool, device=keys.device)
+    starts = torch.ones(len(keys), dtype=torch.bool, device=keys.device)
+    starts[1:] = keys[1:] != keys[:-1]  # (N,): first sample of each run of one batch
+    run = torch.cumsum(starts.long(), 0) - 1  # (N,): run number of each sample
+    keep_run = first_occurrences(keys[starts])  # (runs,)
+    return keep_run[run]
 
 
 def macro_average_precision(y_true: np.ndarray, y_score: np.ndarray) -> float:
