@@ -94,6 +94,9 @@ class Reason:
     AFTER_DEATH: Final = "event_after_death"
     VISIT_TOO_LONG: Final = "visit_exceeds_max_seq_len"
     DUPLICATE: Final = "exact_duplicate"  # listed in the quarantine file, counted as duplicates_dropped
+    # reader-detected (set by a reader in the optional REASON column of its canonical events, see raw.py)
+    MISSING_BIRTH: Final = "missing_birth"  # MEDS: the subject has events but no MEDS_BIRTH event
+    NO_MATCHING_CONCEPT: Final = "no_matching_concept"  # OMOP: condition_concept_id 0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -155,6 +158,36 @@ VOCAB: Final = pa.schema([("token_id", pa.int32()), ("token", pa.string()), ("tr
 PREDICTION_TIME: Final = "prediction_time"
 PROBABILITY: Final = "probability"
 MEDS_SUBJECT_ID: Final = "subject_id"
+
+# ---------------------------------------------------------------------------------------------------------
+# Raw input: MEDS and OMOP CDM (read by etl/readers/meds.py and etl/readers/omop.py; docs/formats.md)
+# ---------------------------------------------------------------------------------------------------------
+MEDS_TIME: Final = "time"
+MEDS_CODE: Final = "code"
+MEDS_SPLIT: Final = "split"
+MEDS_DATA_DIR: Final = "data"  # data/**/*.parquet
+MEDS_SPLITS_FILE: Final = "metadata/subject_splits.parquet"
+
+OMOP_PERSON: Final = "person"
+OMOP_CONDITION: Final = "condition_occurrence"
+OMOP_VISIT: Final = "visit_occurrence"
+OMOP_DEATH: Final = "death"
+OMOP_PERSON_ID: Final = "person_id"
+OMOP_BIRTH_DATETIME: Final = "birth_datetime"
+OMOP_YEAR_OF_BIRTH: Final = "year_of_birth"
+OMOP_MONTH_OF_BIRTH: Final = "month_of_birth"
+OMOP_DAY_OF_BIRTH: Final = "day_of_birth"
+OMOP_DEATH_DATE: Final = "death_date"
+OMOP_DEATH_DATETIME: Final = "death_datetime"
+OMOP_CONDITION_CONCEPT_ID: Final = "condition_concept_id"
+OMOP_CONDITION_SOURCE_VALUE: Final = "condition_source_value"
+OMOP_CONDITION_START_DATE: Final = "condition_start_date"
+OMOP_CONDITION_START_DATETIME: Final = "condition_start_datetime"
+OMOP_VISIT_OCCURRENCE_ID: Final = "visit_occurrence_id"
+OMOP_VISIT_START_DATE: Final = "visit_start_date"
+OMOP_VISIT_START_DATETIME: Final = "visit_start_datetime"
+OMOP_VISIT_END_DATE: Final = "visit_end_date"
+OMOP_VISIT_END_DATETIME: Final = "visit_end_datetime"
 
 # ---------------------------------------------------------------------------------------------------------
 # Artifact file names, per stage output directory

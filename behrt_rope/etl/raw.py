@@ -19,7 +19,8 @@ class RawTables:
     unparseable), BIRTH_RAW / DEATH_RAW (the text as read), SOURCE_TABLE, SOURCE_ROW.
     ``events``: PATIENT_ID (str, '' when missing), TIME (datetime64[us], NaT when unparseable), TIME_RAW,
     CODE (str, '' when empty), CODE_SYSTEM (str, '' for none), VISIT_ID (str, '' for none), SOURCE_TABLE,
-    SOURCE_ROW.
+    SOURCE_ROW; optionally REASON (str, '' for none): a quarantine reason the reader itself found
+    (``Reason.MISSING_BIRTH``, ``Reason.NO_MATCHING_CONCEPT``), applied by the cleaning step before its own checks.
     Every input row of the shard is either one canonical row or counted in ``filtered`` (rows a format
     reads on purpose but does not use, such as non-diagnosis MEDS events), so that, per source table,
     ``rows_read = canonical rows + filtered``.

@@ -1,0 +1,123 @@
+"""The reference model every report compares against: bag-of-codes logistic regression.
+
+Each sample's input history becomes a sparse row of code indicators (or counts) over the token
+vocabulary, optionally with a few dense columns (age at prediction time, ...), and one L2-regularised
+logistic regression per label code turns it into a probability. It ignores order and timing, so the
+transformer earns its keep only by beating it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import scipy.sparse as sp
+from joblib import Parallel, delayed
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
+
+from behrt_rope import schema
+
+
+def flatten_token_lists(token_ids: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(flat ids (M,), offsets (N + 1,)) of N variable-length id arrays: sample i is
+    ``flat[offsets[i]:offsets[i + 1]]`` (the layout of an Arrow list column's values and offsets)."""
+    lengths = np.fromiter((len(ids) for ids in token_ids), dtype=np.int64, count=len(token_ids))
+    offsets = np.zeros(len(token_ids) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if not len(token_ids):
+        return np.zeros(0, dtype=np.int64), offsets
+    return np.concatenate([np.asarray(ids, dtype=np.int64) for ids in token_ids]), offsets
+
+
+def bag_of_codes(
+    token_ids: Sequence[np.ndarray] | np.ndarray,
+    vocab_size: int,
+    offsets: np.ndarray | None = None,
+    *,
+    binary: bool = True,
+    min_id: int = schema.N_SPECIAL,
+) -> sp.csr_matrix:
+    """(N, vocab_size) CSR matrix: row i counts (``binary``: flags) the token ids of sample i.
+
+    Input either as a list of N int arrays, or as flat ids (M,) with ``offsets`` (N + 1,) (e.g. a pyarrow
+    ``ListArray``'s ``.values`` and ``.offsets``). Ids below ``min_id`` (special tokens: [PAD], [CLS],
+    [SEP], [MASK], [UNK]) are dropped, so their columns stay empty; ids outside [0, vocab_size) raise.
+
+    >>> bag_of_codes([np.array([1, 5, 5, 6]), np.array([], dtype=int)], 8).toarray().tolist()
+    [[0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
+    """
+    if offsets is None:
+        flat, offsets = flatten_token_lists(list(token_ids))
+    else:
+        flat, offsets = np.asarray(token_ids, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
+    flat = flat[offsets[0] : offsets[-1]]
+    if flat.size and (flat.min() < 0 or flat.max() >= vocab_size):
+        raise ValueError(f"token ids must lie in [0, {vocab_size})")
+    rows = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    keep = flat >= min_id
+    data = np.ones(int(keep.sum()))
+    shape = (len(offsets) - 1, vocab_size)
+    matrix = sp.csr_matrix((data, (rows[keep], flat[keep])), shape=shape)  # duplicates are summed
+    matrix.sum_duplicates()
+    if binary:
+        matrix.data[:] = 1.0
+    return matrix
+
+
+def age_features(age_years: np.ndarray) -> np.ndarray:
+    """(N, 2) dense columns for the age hook: age / 100 and its square (the baseline standardises them)."""
+    age = np.asarray(age_years, dtype=float).reshape(-1, 1) / 100.0
+    return np.hstack([age, age**2])
+
+
+def _with_extra(X: sp.spmatrix, extra: np.ndarray | None, scaler: StandardScaler | None) -> sp.csr_matrix:
+    if extra is None:
+        return sp.csr_matrix(X)
+    dense = scaler.transform(np.asarray(extra, dtype=float)) if scaler else np.asarray(extra, dtype=float)
+    return sp.hstack([sp.csr_matrix(X), sp.csr_matrix(dense)], format="csr")
+
+
+def _fit_one(X: sp.csr_matrix, y: np.ndarray, X_eval: sp.csr_matrix, C: float, seed: int) -> np.ndarray:
+    model = LogisticRegression(C=C, solver="liblinear", random_state=seed, max_iter=200)
+    model.fit(X, y)
+    return model.predict_proba(X_eval)[:, 1]
+
+
+def fit_predict_baseline(
+    X_train: sp.spmatrix | np.ndarray,
+    Y_train: np.ndarray,
+    X_eval: sp.spmatrix | np.ndarray,
+    C: float = 1.0,
+    seed: int = 0,
+    *,
+    extra_train: np.ndarray | None = None,
+    extra_eval: np.ndarray | None = None,
+    n_jobs: int | None = -1,
+) -> np.ndarray:
+    """Fit one logistic regression per label on (N_train, F) features and (N_train, L) 0/1 labels;
+    return (N_eval, L) probabilities.
+
+    L2 penalty with inverse strength ``C`` (liblinear solver, no class weights, so probabilities stay
+    calibrated to the training prevalence). A label constant in training (all 0 or all 1) gets no model:
+    its prediction is the training rate (0.0 or 1.0). ``extra_train``/``extra_eval`` are optional dense
+    columns (N, E), e.g. ``age_features``, standardised on the training rows and appended to the
+    features. Labels are fitted in parallel over ``n_jobs`` processes (-1: all cores).
+    """
+    Y = np.asarray(Y_train)
+    if Y.ndim != 2 or Y.shape[0] != X_train.shape[0]:
+        raise ValueError(f"Y_train must be (N_train, L) with N_train = {X_train.shape[0]}, got {Y.shape}")
+    if (extra_train is None) != (extra_eval is None):
+        raise ValueError("give extra columns for both train and eval, or for neither")
+    scaler = None if extra_train is None else StandardScaler().fit(np.asarray(extra_train, dtype=float))
+    Xt = _with_extra(X_train, extra_train, scaler)
+    Xe = _with_extra(X_eval, extra_eval, scaler)
+    rate = Y.mean(axis=0) if Y.shape[0] else np.zeros(Y.shape[1])
+    out = np.tile(rate, (Xe.shape[0], 1)).astype(float)
+    varying = np.flatnonzero((rate > 0) & (rate < 1))
+    if len(varying) and Xe.shape[0]:
+        columns = Parallel(n_jobs=n_jobs, prefer="threads")(  # liblinear releases the GIL
+            delayed(_fit_one)(Xt, Y[:, j].astype(int), Xe, C, seed) for j in varying
+        )
+        out[:, varying] = np.column_stack(columns)
+    return out

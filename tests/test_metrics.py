@@ -1,0 +1,179 @@
+"""Discrimination metrics: golden numbers on a hand example, agreement with scikit-learn, masks, bootstrap."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+from behrt_rope import schema
+from behrt_rope.evaluation.metrics import (
+    bootstrap_ci,
+    bootstrap_replicates,
+    per_code_table,
+    per_column_scores,
+    precision_recall_at_k,
+    summary_metrics,
+)
+
+# 4 samples x 4 codes; code 3 has no positive, sample 3 has no positive. Worked by hand:
+#   code 0 ranked perfectly (AP 1, AUROC 1); code 1: .8(+) .6(-) .2(-) .05(+): AP (1 + 2/4)/2 = 0.75,
+#   AUROC 2/4 = 0.5; code 2 perfect. Sample 2: .7(+) .2(-) .1(-) .05(+): AP 0.75, AUROC 0.5; others perfect.
+#   Pooled: thresholds .9 (tie +/-) .8 .7 .6 (tie +/-) ... .05 give precision 1/2, 2/3, 3/4, 4/6, 5/16 at
+#   recall steps of 1/5: AP 0.2 * (1/2 + 2/3 + 3/4 + 2/3 + 5/16); AUROC (10.5 + 10 + 10 + 9.5 + 0) / 55.
+Y = np.array([[1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
+S = np.array([[0.9, 0.2, 0.6, 0.5], [0.3, 0.8, 0.4, 0.1], [0.7, 0.05, 0.1, 0.2], [0.2, 0.6, 0.3, 0.9]])
+
+
+def _random(seed: int, n: int = 120, n_codes: int = 6, rate: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = rng.random((n, n_codes)) < rate
+    score = np.clip(0.3 * y + rng.random((n, n_codes)) * 0.8, 0, 1).round(2)  # rounded: ties
+    return y, score
+
+
+def test_golden_hand_example() -> None:
+    m = summary_metrics(Y, S)
+    assert m["macro_ap"] == pytest.approx((1 + 0.75 + 1) / 3)
+    assert m["macro_auroc"] == pytest.approx((1 + 0.5 + 1) / 3)
+    assert m["samples_ap"] == pytest.approx((1 + 1 + 0.75) / 3)
+    assert m["samples_auroc"] == pytest.approx((1 + 1 + 0.5) / 3)
+    assert m["micro_ap"] == pytest.approx(0.2 * (1 / 2 + 2 / 3 + 3 / 4 + 2 / 3 + 5 / 16))
+    assert m["micro_auroc"] == pytest.approx(40 / 55)
+    assert (m["n_codes_macro"], m["n_codes_excluded"], m["n_samples_evaluable"]) == (3, 1, 3)
+    assert (m["n_samples"], m["n_codes"], m["n_pairs"], m["n_positive_pairs"]) == (4, 4, 16, 5)
+    assert m["label_cardinality"] == pytest.approx(5 / 4)
+
+
+def test_hand_example_equals_sklearn() -> None:
+    m = summary_metrics(Y, S)
+    keep = Y.any(axis=0)
+    assert m["macro_ap"] == pytest.approx(average_precision_score(Y[:, keep], S[:, keep], average="macro"))
+    assert m["macro_auroc"] == pytest.approx(roc_auc_score(Y[:, keep], S[:, keep], average="macro"))
+    assert m["micro_ap"] == pytest.approx(average_precision_score(Y, S, average="micro"))
+    assert m["micro_auroc"] == pytest.approx(roc_auc_score(Y, S, average="micro"))
+    rows = Y.any(axis=1)
+    assert m["samples_ap"] == pytest.approx(average_precision_score(Y[rows], S[rows], average="samples"))
+    assert m["samples_auroc"] == pytest.approx(roc_auc_score(Y[rows], S[rows], average="samples"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 40), weighted=st.booleans(), masked=st.booleans())
+def test_per_column_scores_equal_sklearn(seed: int, n: int, weighted: bool, masked: bool) -> None:
+    rng = np.random.default_rng(seed)
+    y = rng.random((n, 4)) < rng.uniform(0.1, 0.9)
+    score = rng.random((n, 4)).round(int(rng.integers(0, 3)))
+    mask = rng.random((n, 4)) < 0.7 if masked else np.ones((n, 4), dtype=bool)
+    weights = rng.integers(0, 4, n).astype(float) if weighted else np.ones(n)
+    ap, auroc = per_column_scores(y, score, mask if masked else None, weights if weighted else None)
+    for j in range(4):
+        sel = mask[:, j] & (weights > 0)
+        yj, sj, wj = y[sel, j], score[sel, j], weights[sel]
+        if yj.all() or not yj.any():
+            assert np.isnan(ap[j]) and np.isnan(auroc[j])
+            continue
+        assert ap[j] == pytest.approx(average_precision_score(yj, sj, sample_weight=wj))
+        assert auroc[j] == pytest.approx(roc_auc_score(yj, sj, sample_weight=wj))
+
+
+def test_masked_metrics_equal_sklearn_on_selected_pairs() -> None:
+    y, score = _random(1)
+    mask = np.random.default_rng(2).random(y.shape) < 0.6
+    m = summary_metrics(y, score, mask)
+    assert m["micro_ap"] == pytest.approx(average_precision_score(y[mask], score[mask]))
+    assert m["micro_auroc"] == pytest.approx(roc_auc_score(y[mask], score[mask]))
+    code_ap = [average_precision_score(y[mask[:, j], j], score[mask[:, j], j]) for j in range(y.shape[1])]
+    code_auc = [roc_auc_score(y[mask[:, j], j], score[mask[:, j], j]) for j in range(y.shape[1])]
+    assert m["macro_ap"] == pytest.approx(np.mean(code_ap))
+    assert m["macro_auroc"] == pytest.approx(np.mean(code_auc))
+    rows = [i for i in range(len(y)) if 0 < y[i, mask[i]].sum() < mask[i].sum()]
+    sample_ap = [average_precision_score(y[i, mask[i]], score[i, mask[i]]) for i in rows]
+    assert m["samples_ap"] == pytest.approx(np.mean(sample_ap))
+    assert m["n_samples_evaluable"] == len(rows)
+    assert m["n_pairs"] == mask.sum() and m["n_positive_pairs"] == (y & mask).sum()
+
+
+def test_codes_without_positives_are_excluded_and_counted() -> None:
+    y, score = _random(3)
+    y[:, 1] = False
+    y[:, 4] = True  # no negatives either
+    m = summary_metrics(y, score)
+    keep = [0, 2, 3, 5]
+    assert (m["n_codes_macro"], m["n_codes_excluded"]) == (4, 2)
+    assert m["macro_ap"] == pytest.approx(average_precision_score(y[:, keep], score[:, keep]))
+
+
+def test_undefined_micro_is_nan() -> None:
+    m = summary_metrics(np.zeros((3, 2)), np.full((3, 2), 0.5))
+    assert np.isnan(m["micro_ap"]) and np.isnan(m["macro_auroc"]) and m["n_codes_excluded"] == 2
+
+
+def test_bootstrap_ci_contains_point_and_is_reproducible() -> None:
+    y, score = _random(4, n=300)
+    point = summary_metrics(y, score)
+    ci = bootstrap_ci(y, score, n_bootstrap=100, seed=7)
+    for name, (low, high) in ci.items():
+        assert low <= point[name] <= high, name
+        assert high - low < 0.3
+    assert bootstrap_ci(y, score, n_bootstrap=100, seed=7) == ci
+    assert bootstrap_ci(y, score, n_bootstrap=100, seed=8) != ci
+
+
+def test_bootstrap_replicates_are_resampled_metrics() -> None:
+    y, score = _random(5, n=50)
+    reps = bootstrap_replicates(y, score, n_bootstrap=3, seed=0)
+    counts = np.random.default_rng(0).multinomial(50, np.full(50, 1 / 50), size=3)
+    rows = np.repeat(np.arange(50), counts[1])
+    assert reps["micro_ap"][1] == pytest.approx(average_precision_score(y[rows].ravel(), score[rows].ravel()))
+    assert reps["per_code_auroc"][1, 2] == pytest.approx(roc_auc_score(y[rows, 2], score[rows, 2]))
+
+
+def test_per_code_table() -> None:
+    y, score = _random(6, n=200)
+    y[:, 5] = False
+    codes = [f"C{j}" for j in range(6)]
+    table = per_code_table(y, score, codes, n_bootstrap=50, seed=1)
+    assert list(table[schema.CODE])[-1] == "C5"
+    assert table["prevalence"].is_monotonic_decreasing
+    row = table.set_index(schema.CODE).loc["C2"]
+    assert row["n_positive"] == y[:, 2].sum() and row["n_samples"] == 200
+    assert row["ap"] == pytest.approx(average_precision_score(y[:, 2], score[:, 2]))
+    assert row["ap_low"] <= row["ap"] <= row["ap_high"]
+    assert row["auroc_low"] <= row["auroc"] <= row["auroc_high"]
+    empty = table.set_index(schema.CODE).loc["C5"]
+    assert np.isnan(empty["ap"]) and np.isnan(empty["ap_low"]) and empty["n_positive"] == 0
+    again = per_code_table(y, score, codes, n_bootstrap=50, seed=1)
+    assert again.equals(table)
+
+
+def test_precision_recall_at_k_hand_example() -> None:
+    y = [[1, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 0]]
+    s = [[0.9, 0.8, 0.1, 0.3], [0.2, 0.3, 0.4, 0.1], [0.5, 0.4, 0.3, 0.2]]
+    r = precision_recall_at_k(y, s, ks=(1, 2, 10))
+    # top-1: hit, miss, miss; top-2: 1 hit, 0, 0; k=10 caps at 4 codes: 2, 1, 0 hits.
+    assert r["precision@1"] == pytest.approx(1 / 3)
+    assert r["recall@1"] == pytest.approx((1 / 2 + 0) / 2)
+    assert r["precision@2"] == pytest.approx((1 / 2) / 3)
+    assert r["recall@2"] == pytest.approx((1 / 2 + 0) / 2)
+    assert r["precision@10"] == pytest.approx((2 / 4 + 1 / 4) / 3)
+    assert r["recall@10"] == pytest.approx(1.0)
+    assert r["n_samples_with_positive"] == 2
+
+
+def test_precision_at_k_with_mask_skips_history_codes() -> None:
+    y = np.array([[1, 1, 0]])
+    s = np.array([[0.9, 0.5, 0.1]])
+    mask = np.array([[False, True, True]])
+    r = precision_recall_at_k(y, s, ks=(1,), mask=mask)
+    assert r["precision@1"] == 1.0 and r["recall@1"] == 1.0
+
+
+def test_input_checks() -> None:
+    with pytest.raises(ValueError, match="shape"):
+        summary_metrics(np.zeros((2, 2)), np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="0 and 1"):
+        summary_metrics(np.full((2, 2), 2), np.zeros((2, 2)))
+    with pytest.raises(ValueError, match="finite"):
+        summary_metrics(np.zeros((2, 2)), np.full((2, 2), np.nan))
