@@ -87,12 +87,12 @@ def run(config: Config) -> Path:
         base_eval = evaluate_scores(y, base, seen, labels, config.n_bootstrap, config.seed)
         pretrain = _pretrain_metrics(bundle)
         write_json(out / S.METRICS_FILE, {
-            "task": task.name, "held_out_patients": int(len(np.unique(samples.rows))),
+            "task": task.name, "held_out_patients": len(np.unique(samples.rows)),
             "model": model_eval, "baseline": base_eval, "pretrain": pretrain,
         })
         report = write_evaluation_report(
             out, "BEHRT-RoPE", TASK_TITLES[task.name], model_eval, base_eval,
-            n_patients=int(len(np.unique(samples.rows))), pretrain_metrics=pretrain,
+            n_patients=len(np.unique(samples.rows)), pretrain_metrics=pretrain,
             run_info=_run_info(config, bundle, task), notes=[config.notes] if config.notes else (),
         )
         _log_headline(model_eval, base_eval, report)
@@ -112,20 +112,21 @@ def _baseline(
         train_samples = Samples(train_samples.rows[keep], train_samples.cuts[keep],
                                 train_samples.label_spans[keep], train_samples.times[keep])
     log.info("evaluate: fitting the logistic-regression baseline on %d train samples", len(train_samples))
-    x_train, age_train = _bag(train, train_samples)
-    x_eval, age_eval = _bag(held, samples)
+    vocab_size = len(label_of_token)
+    x_train, age_train = _bag(train, train_samples, vocab_size)
+    x_eval, age_eval = _bag(held, samples, vocab_size)
     return fit_predict_baseline(
         x_train, targets(train, train_samples, label_of_token), x_eval, C=config.baseline_c, seed=config.seed,
         extra_train=age_features(age_train), extra_eval=age_features(age_eval),
     )
 
 
-def _bag(seqs: Sequences, samples: Samples) -> tuple[sp.csr_matrix, np.ndarray]:
+def _bag(seqs: Sequences, samples: Samples, vocab_size: int) -> tuple[sp.csr_matrix, np.ndarray]:
     """log(1 + count) of each code in each sample's input, and the age at the prediction time."""
     starts = seqs.offsets[samples.rows]
     offsets = np.concatenate([[0], np.cumsum(samples.cuts)])
     positions = ragged_positions(starts, samples.cuts)
-    matrix = bag_of_codes(seqs.token_ids[positions], int(seqs.token_ids.max()) + 1, offsets, binary=False)
+    matrix = bag_of_codes(seqs.token_ids[positions], vocab_size, offsets, binary=False)
     matrix.data = np.log1p(matrix.data)
     return matrix, seqs.ages[starts + samples.cuts - 1]
 

@@ -1,0 +1,135 @@
+"""Every stage through the real CLI on tiny settings: synth, etl, pretrain, finetune, evaluate, predict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from behrt_rope import schema as S
+from behrt_rope.cli import main
+from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, read_metrics
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+FINETUNE_FAST = ("--max-epochs", "1", "task.min_label_count=2", *FAST_TRAINER)
+
+
+def _run(*argv: str) -> None:
+    assert main(list(argv)) == 0, f"behrt-rope {' '.join(argv)} failed"
+
+
+def _pipeline(root: Path, raw: Path, fmt: str, *etl_overrides: str) -> dict[str, Path]:
+    """etl -> pretrain -> finetune -> evaluate on ``raw``; returns the stage directories."""
+    d = {name: root / name for name in ("etl", "pre", "ft", "eval")}
+    _run("etl", "--input", str(raw), "--out", str(d["etl"]), "--format", fmt, "progress=false", *etl_overrides)
+    _run("pretrain", "--data", str(d["etl"]), "--out", str(d["pre"]), "--max-epochs", "1", *TINY_MODEL,
+         *FAST_TRAINER)
+    _run("finetune", "--data", str(d["etl"]), "--out", str(d["ft"]), "--pretrained", str(d["pre"]),
+         *FINETUNE_FAST)
+    _run("evaluate", "--model", str(d["ft"]), "--data", str(d["etl"]), "--out", str(d["eval"]),
+         "n_bootstrap=10", "progress=false")
+    return d
+
+
+@pytest.fixture(scope="module")
+def visits_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    _run("synth", "--out", str(root / "cohort"), "--patients", "250", "--seed", "3", "synth.corrupt_fraction=0.01")
+    return root, _pipeline(root, root / "cohort", "visits", "etl.code_truncate=3")
+
+
+@pytest.mark.slow
+def test_evaluate_writes_metrics_and_a_readable_report(visits_run):
+    _, d = visits_run
+    metrics = read_metrics(d["eval"])
+    for side in ("model", "baseline"):
+        overall = metrics[side]["overall"]
+        assert 0.0 <= overall["macro_ap"] <= 1.0 and 0.0 <= overall["micro_auroc"] <= 1.0
+        assert metrics[side]["new_onset"] is not None
+    assert metrics["pretrain"]["mlm_loss"] > 0
+    html = (d["eval"] / S.REPORT_FILE).read_text()
+    assert "data:image/png;base64," in html and 'src="http' not in html
+    assert "Synthetic" not in html or "synthetic" in html.lower()
+    assert (d["eval"] / S.PLOTS_DIR).is_dir()
+
+
+@pytest.mark.slow
+def test_finetune_outputs_and_resume(visits_run):
+    _, d = visits_run
+    metrics = read_metrics(d["ft"])
+    assert metrics["labels"] > 0 and metrics["train_samples"] > 0
+    assert (d["ft"] / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT).exists()
+    _run("finetune", "--data", str(d["etl"]), "--out", str(d["ft"]), "--pretrained", str(d["pre"]),
+         "--resume", "last", "--max-epochs", "2", "task.min_label_count=2", *FAST_TRAINER)
+    assert read_metrics(d["ft"])["steps"] > metrics["steps"]
+
+
+@pytest.mark.slow
+def test_predict_scores_new_histories_and_reports_what_it_could_not_use(visits_run, tmp_path):
+    root, d = visits_run
+    new = tmp_path / "new"
+    patients = pd.read_csv(root / "cohort" / "patients.csv", dtype=str).head(20)
+    events = pd.read_csv(root / "cohort" / "events.csv", dtype=str)
+    events = events[events[S.PATIENT_ID].isin(patients[S.PATIENT_ID])].copy()
+    events.loc[events.index[0], S.CODE] = "ZZZ9"  # a code never seen in training
+    extra = pd.DataFrame({S.PATIENT_ID: ["lonely"], S.BIRTH_DATE: ["1970-01-01"]})  # no events at all
+    new.mkdir()
+    pd.concat([patients, extra]).to_csv(new / "patients.csv", index=False)
+    events.to_csv(new / "events.csv", index=False)
+    out = tmp_path / "pred.parquet"
+    _run("predict", "--model", str(d["ft"]), "--input", str(new), "--out", str(out), "progress=false")
+
+    pred = pd.read_parquet(out)
+    labels = read_metrics(d["ft"])["labels"]
+    assert list(pred.columns) == [S.PATIENT_ID, S.PREDICTION_TIME, S.CODE, S.PROBABILITY]
+    assert pred[S.PROBABILITY].between(0, 1).all()
+    scored = pred[S.PATIENT_ID].nunique()
+    assert len(pred) == scored * labels and scored >= 15
+    last = events.assign(t=pd.to_datetime(events[S.DATE])).groupby(S.PATIENT_ID)["t"].max()
+    times = pred.groupby(S.PATIENT_ID)[S.PREDICTION_TIME].first()
+    assert (times == last.reindex(times.index)).all()  # as of each patient's last recorded event
+
+    summary = json.loads((tmp_path / "pred.summary.json").read_text())
+    assert summary["unknown_code_events"] >= 1 and "ZZZ" in summary["unknown_codes_top"]
+    unscored = pd.read_parquet(tmp_path / "pred.unscored.parquet")
+    assert unscored.set_index(S.PATIENT_ID).loc["lonely", S.REASON] == "no_events"
+
+    meds_out = tmp_path / "pred_meds.parquet"
+    _run("predict", "--model", str(d["ft"]), "--input", str(new), "--out", str(meds_out), "layout=meds",
+         "progress=false")
+    wide = pd.read_parquet(meds_out)
+    assert list(wide.columns[:2]) == [S.MEDS_SUBJECT_ID, S.PREDICTION_TIME] and wide.shape == (scored, 2 + labels)
+    first_code = pred[S.CODE].iloc[0]
+    merged = pred[pred[S.CODE] == first_code].set_index(S.PATIENT_ID)[S.PROBABILITY]
+    col = next(c for c in wide.columns if c.endswith("//" + first_code))
+    np.testing.assert_allclose(wide.set_index(S.MEDS_SUBJECT_ID)[col].reindex(merged.index), merged, rtol=1e-6)
+
+
+def test_commands_fail_with_one_line_messages(tmp_path, capsys):
+    assert main(["finetune", "--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "run `behrt-rope etl` first" in err
+    assert main(["predict", "--model", str(tmp_path), "--input", str(tmp_path), "--out", str(tmp_path / "p.parquet")]) == 1
+    assert "model.pt not found" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sample", "fmt", "overrides"),
+    [("meds-mimic4-demo", "meds", ("etl.code_truncate=3",)), ("omop-synthea27", "omop", ())],
+)
+def test_real_samples_run_through_every_stage(tmp_path, sample, fmt, overrides):
+    raw = SHARED_DATA / sample
+    if not raw.is_dir():
+        pytest.skip(f"{raw} not present")
+    d = _pipeline(tmp_path, raw, fmt, *overrides, "etl.split.train=0.6", "etl.split.tuning=0.2",
+                  "etl.split.held_out=0.2")
+    manifest = json.loads((d["etl"] / S.MANIFEST_FILE).read_text())
+    assert manifest["reconciles"] and manifest["events_used"]["reconciles"]
+    out = tmp_path / "pred.parquet"
+    _run("predict", "--model", str(d["ft"]), "--input", str(raw), "--out", str(out), "progress=false")
+    pred = pd.read_parquet(out)
+    assert pred[S.PATIENT_ID].nunique() == manifest["patients"]["with_tokens"]
