@@ -33,7 +33,8 @@ def stages(out: Path, patients: int, seed: int, fast: bool) -> list[tuple[str, l
     pre_args = ["trainer.max_epochs=1", *tiny] if fast else []
     fine_args = ["trainer.max_epochs=1"] if fast else []
     return [
-        ("synth", ["--out", str(cohort), "--patients", str(patients), "--seed", str(seed), "synth.corrupt_fraction=0.002"]),
+        ("synth", ["--out", str(cohort), "--patients", str(patients), "--seed", str(seed),
+                   "synth.corrupt_fraction=0.002"]),
         ("synth", ["--out", str(new), "--patients", str(max(50, patients // 25)), "--seed", str(seed + 1)]),
         ("etl", ["--input", str(cohort), "--out", str(etl), "--config", str(PRESETS / "etl" / "icd10_3char.yaml")]),
         ("pretrain", ["--data", str(etl), "--out", str(pre), *pre_args]),

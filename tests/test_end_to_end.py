@@ -112,7 +112,8 @@ def test_commands_fail_with_one_line_messages(tmp_path, capsys):
     assert main(["finetune", "--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "run `behrt-rope etl` first" in err
-    assert main(["predict", "--model", str(tmp_path), "--input", str(tmp_path), "--out", str(tmp_path / "p.parquet")]) == 1
+    argv = ["predict", "--model", str(tmp_path), "--input", str(tmp_path), "--out", str(tmp_path / "p.parquet")]
+    assert main(argv) == 1
     assert "model.pt not found" in capsys.readouterr().err
 
 
