@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -15,7 +16,7 @@ import torch
 
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
-from behrt_rope.data.datasets import LabelledDataset, collate_labelled
+from behrt_rope.data.datasets import labelled_dataset
 from behrt_rope.data.labels import (
     Samples,
     TaskConfig,
@@ -50,8 +51,9 @@ class Config:
     """Checkpoint to resume from: a path, or 'last' for OUT/checkpoints/last.ckpt."""
     overwrite: bool = False
     """Redo the work even if OUT already holds a finished run of the same configuration."""
-    pooling: Literal["cls", "mean"] = "cls"
-    """Sequence summary fed to the classifier: the [CLS] state or the mean of all token states."""
+    pooling: Literal["visit", "cls", "mean"] = "visit"
+    """visit: one visit-causal pass per patient scores every prediction time at its visit's [SEP] (fast);
+    cls / mean: one bidirectional pass per sample over its input, pooled at [CLS] or averaged (BEHRT)."""
     pos_weight: bool = False
     """Weight each label's positive term by negatives/positives in train (for rare codes)."""
     pos_weight_max: float = 50.0
@@ -64,10 +66,11 @@ class Config:
 
 @dataclass
 class SplitData:
-    """One split's sequences, samples and dataset."""
+    """One split's sequences, samples, dataset (with its collate function) and label matrix."""
 
     seqs: Sequences
-    dataset: LabelledDataset
+    dataset: torch.utils.data.Dataset
+    collate: Callable
     y: np.ndarray
 
 
@@ -92,8 +95,8 @@ def run(config: Config) -> Path:
             "lower task.min_label_count or use more data"
         )
     label_of_token = label_index(label_ids, len(vocab))
-    train = _split_data(train_seqs, config.task, label_of_token, train_samples)
-    tuning = _split_data(seqs.split(S.TUNING), config.task, label_of_token)
+    train = _split_data(train_seqs, config.task, label_of_token, config.pooling, train_samples)
+    tuning = _split_data(seqs.split(S.TUNING), config.task, label_of_token, config.pooling)
     log.info("finetune: task %s, %d labels, %d train / %d tuning samples", config.task.name, len(label_ids),
              len(train.y), len(tuning.y))
     with stage(out_dir, config, "finetune") as out:
@@ -105,8 +108,8 @@ def run(config: Config) -> Path:
         task = MultiLabelTask(model_config, tc, len(label_ids), config.pooling, pos_weight)
         if pretrained_state is not None:
             load_encoder_weights(task.model, pretrained_state)
-        train_loader = make_loader(train.dataset, tc, collate_labelled, True)
-        val_loader = make_loader(tuning.dataset, tc, collate_labelled, False) if len(tuning.y) else None
+        train_loader = make_loader(train.dataset, tc, train.collate, True)
+        val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
         trainer = build_trainer(tc, out, "val/macro_ap" if val_loader is not None else None, "max")
         started = time.perf_counter()
         trainer.fit(task, train_loader, val_loader, ckpt_path=resume_path(config.resume, out))
@@ -138,11 +141,12 @@ def run(config: Config) -> Path:
 
 
 def _split_data(
-    seqs: Sequences, task: TaskConfig, label_of_token: np.ndarray, samples: Samples | None = None
+    seqs: Sequences, task: TaskConfig, label_of_token: np.ndarray, pooling: str, samples: Samples | None = None
 ) -> SplitData:
     samples = build_samples(seqs, task) if samples is None else samples
-    dataset = LabelledDataset(seqs, samples.rows, samples.cuts, samples.label_spans, label_of_token)
-    return SplitData(seqs, dataset, targets(seqs, samples, label_of_token))
+    dataset, collate = labelled_dataset(seqs, samples.rows, samples.cuts, samples.label_spans, label_of_token,
+                                        pooling)
+    return SplitData(seqs, dataset, collate, targets(seqs, samples, label_of_token))
 
 
 def _encoder_start(config: Config, tokens: list[str]) -> tuple[ModelConfig, dict | None]:

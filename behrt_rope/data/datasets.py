@@ -3,11 +3,12 @@ history prefixes with multi-label targets (fine-tuning, evaluation, prediction).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
+from behrt_rope.data import batching
 from behrt_rope.data.batching import FIELDS, pad_batch
 from behrt_rope.data.masking import mask_tokens
 from behrt_rope.data.sequences import Sequences
@@ -76,7 +77,9 @@ class MlmCollator:
     """Pads a batch and applies BEHRT's masking.
 
     ``fixed=True`` (validation) seeds each batch from its item indices, so the same tuning patients get the
-    same masks at every validation run; otherwise one generator runs on across batches and epochs.
+    same masks at every validation run (and a batch that DDP sharding repeats gets the same masks again);
+    otherwise one generator runs on across batches and epochs, seeded per DDP rank and DataLoader worker so
+    that no two of them draw the same random stream.
     """
 
     def __init__(self, vocab_size: int, seed: int, fixed: bool = False, mask_prob: float = 0.15) -> None:
@@ -95,9 +98,90 @@ class MlmCollator:
             if self.generator is None:
                 worker = torch.utils.data.get_worker_info()
                 offset = (worker.id + 1) * 7919 if worker else 0
+                offset += batching._world()[1] * 104_729  # DDP rank
                 self.generator = torch.Generator().manual_seed(self.seed + offset)
             generator = self.generator
         batch["token_ids"], batch["labels"] = mask_tokens(
             batch["token_ids"], self.vocab_size, generator, mask_prob=self.mask_prob
         )
         return batch
+
+
+class VisitScoredDataset(torch.utils.data.Dataset):
+    """One item per patient, scored at several prediction times in one visit-causal pass.
+
+    Item ``i`` holds patient ``rows[i]``'s stream up to its latest prediction time and ``score_positions``,
+    the (ascending) token positions of the [SEP]s that close each prediction visit. With
+    ``label_of_token``, ``target`` (n_i, L) holds the multi-hot label of each of those samples. ``sample_ids``
+    maps the scored positions, in order, back to the sample numbering of the inputs.
+    """
+
+    def __init__(
+        self,
+        seqs: Sequences,
+        rows: np.ndarray,
+        cuts: np.ndarray,
+        label_spans: np.ndarray | None = None,
+        label_of_token: np.ndarray | None = None,
+    ) -> None:
+        rows, cuts = np.asarray(rows, dtype=np.int64), np.asarray(cuts, dtype=np.int64)
+        order = np.lexsort((cuts, rows))  # grouped by patient, prediction times ascending
+        self.seqs = seqs
+        self.sample_order = order
+        self.cuts = cuts[order]
+        self.spans = None if label_spans is None else np.asarray(label_spans, dtype=np.int64)[order]
+        self.label_of_token = label_of_token
+        self.num_labels = 0 if label_of_token is None else int(np.max(label_of_token, initial=-1)) + 1
+        sorted_rows = rows[order]
+        starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]]) if len(rows) else np.zeros(0, int)
+        self.groups = np.r_[starts, len(rows)].astype(np.int64)  # samples of item i: groups[i]:groups[i + 1]
+        self.rows = sorted_rows[starts] if len(rows) else np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per item (up to the latest prediction time), (N_items,)."""
+        return self.cuts[self.groups[1:] - 1]
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        first, stop = self.groups[i], self.groups[i + 1]
+        start = int(self.seqs.offsets[self.rows[i]])
+        end = start + int(self.cuts[stop - 1])
+        item = {name: getattr(self.seqs, name)[start:end] for name in FIELDS}
+        item["index"] = np.array(i)
+        item["score_positions"] = self.cuts[first:stop] - 1
+        if self.spans is not None and self.label_of_token is not None:
+            target = np.zeros((stop - first, self.num_labels), dtype=np.float32)
+            for j, (a, b) in enumerate(self.spans[first:stop]):
+                columns = self.label_of_token[self.seqs.token_ids[a:b]]
+                target[j, columns[columns >= 0]] = 1.0
+            item["target"] = target
+        return item
+
+
+def collate_visit_scored(items: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    """Padded inputs, ``score_at`` (B, T) bool at the scored [SEP]s and, with labels, ``targets`` (N, L) in
+    the same row-major order as the model's ``(N, L)`` output."""
+    batch = pad_batch(items)
+    score_at = torch.zeros(batch["token_ids"].shape, dtype=torch.bool)
+    for row, item in enumerate(items):
+        score_at[row, torch.from_numpy(item["score_positions"])] = True
+    batch["score_at"] = score_at
+    if "target" in items[0]:
+        batch["targets"] = torch.from_numpy(np.concatenate([item["target"] for item in items]))
+    return batch
+
+
+def labelled_dataset(
+    seqs: Sequences, rows: np.ndarray, cuts: np.ndarray, label_spans: np.ndarray | None,
+    label_of_token: np.ndarray | None, pooling: str,
+) -> tuple[torch.utils.data.Dataset, Callable]:
+    """The dataset and collate function that feed a multi-label model with this ``pooling``: one item per
+    patient for visit pooling, one item per sample (input cut at its prediction time) otherwise."""
+    if pooling == "visit":
+        return VisitScoredDataset(seqs, rows, cuts, label_spans, label_of_token), collate_visit_scored
+    if label_spans is None or label_of_token is None:
+        return PatientDataset(seqs, rows, cuts), collate_labelled
+    return LabelledDataset(seqs, rows, cuts, label_spans, label_of_token), collate_labelled

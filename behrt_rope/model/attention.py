@@ -35,6 +35,24 @@ def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None
     return mask[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
 
 
+def visit_causal_mask(visit_index: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """``(B, 1, T, T)`` bool: query ``i`` may attend to key ``j`` iff ``j`` is real and
+    ``visit(j) <= visit(i)``.
+
+    Every token sees its own visit and earlier ones, never later ones. The state of visit ``k``'s [SEP] is
+    then exactly what the encoder computes from visits ``0..k`` alone, so one pass over a patient gives a
+    leakage-free prediction after every visit. [CLS] belongs to visit 0, so every query (padding included,
+    whose visit index is 0) has at least one key: no all-masked row, no NaN.
+
+    >>> visit_causal_mask(torch.tensor([[0, 0, 1, 1]]), None)[0, 0].int().tolist()
+    [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]]
+    """
+    allowed = visit_index[:, None, :] <= visit_index[:, :, None]  # (B, T_query, T_key)
+    if attention_mask is not None:
+        allowed = allowed & attention_mask[:, None, :].bool()
+    return allowed[:, None]  # (B, 1, T, T): broadcast over heads
+
+
 class SelfAttention(nn.Module):
     """Bidirectional multi-head self-attention; RoPE rotates queries and keys when tables are given."""
 
@@ -61,8 +79,8 @@ class SelfAttention(nn.Module):
             x: ``(B, T, H)`` hidden states.
             cos, sin: ``(B, T, d/2)`` RoPE tables from ``rope_angles``, or ``None`` (no rotation: the absolute
                 ablation).
-            attn_mask: ``(B, 1, 1, T)`` bool, True where a key may be attended to (see
-                :func:`key_padding_mask`), or ``None`` for no padding.
+            attn_mask: ``(B, 1, 1, T)`` or ``(B, 1, T, T)`` bool, True where a key may be attended to (see
+                :func:`key_padding_mask` and :func:`visit_causal_mask`), or ``None`` for no padding.
 
         Returns:
             ``(B, T, H)``.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from behrt_rope.model.attention import SelfAttention, key_padding_mask
+from behrt_rope.model.attention import SelfAttention, key_padding_mask, visit_causal_mask
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.embeddings import BehrtEmbeddings
 from behrt_rope.model.rope import rope_angles
@@ -124,6 +124,7 @@ class BehrtEncoder(nn.Module):
         segments: torch.Tensor,
         visit_index: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
+        visit_causal: bool = False,
     ) -> torch.Tensor:
         """Encode one batch.
 
@@ -133,6 +134,8 @@ class BehrtEncoder(nn.Module):
             segments: ``(B, T)`` long segment ids.
             visit_index: ``(B, T)`` long 0-based visit numbers.
             attention_mask: ``(B, T)`` bool, True at real tokens; ``None`` means ``token_ids != PAD_ID``.
+            visit_causal: tokens attend only to their own and earlier visits (see ``visit_causal_mask``);
+                otherwise attention is bidirectional over the real tokens.
 
         Returns:
             ``(B, T, H)`` hidden states after the final LayerNorm. Rows of padding positions are finite but
@@ -146,7 +149,11 @@ class BehrtEncoder(nn.Module):
         if self.config.position_encoding == "rope":
             # One pair of tables per forward, shared by every block and head.
             cos, sin = rope_angles(positions, self.head_dim, self.config.rope_base)  # 2 x (B, T, d/2)
-        attn_mask = key_padding_mask(attention_mask)  # (B, 1, 1, T) or None
+        attn_mask = (
+            visit_causal_mask(visit_index, attention_mask)  # (B, 1, T, T)
+            if visit_causal
+            else key_padding_mask(attention_mask)  # (B, 1, 1, T) or None
+        )
         for block in self.blocks:
             x = block(x, cos, sin, attn_mask)
         return self.ln_f(x)

@@ -77,16 +77,27 @@ class BehrtForMaskedLM(nn.Module):
 
 
 class BehrtForMultiLabel(nn.Module):
-    """Encoder + pooling + dropout + linear: one logit per label (e.g. diagnoses in the next visit)."""
+    """Encoder + pooling + dropout + linear: one logit per label (e.g. diagnoses in the next visit).
 
-    def __init__(self, config: ModelConfig, num_labels: int, pooling: Literal["cls", "mean"] = "cls") -> None:
-        """``pooling``: ``"cls"`` reads the ``[CLS]`` token's state (position 0); ``"mean"`` averages the real
-        (non-padding) tokens' states."""
+    Poolings:
+
+    * ``"visit"`` (default): the encoder runs visit-causally (tokens see only their own and earlier visits)
+      and the state of a visit's [SEP] summarises the history up to and including that visit. One pass over
+      a patient scores every prediction time at once: pass ``score_at`` (B, T) bool marking the [SEP]
+      tokens to score.
+    * ``"cls"``: the ``[CLS]`` state (position 0) of a bidirectional pass over the input (one prediction
+      time per sequence, the input cut at it).
+    * ``"mean"``: the mean of the real tokens' states of a bidirectional pass.
+    """
+
+    def __init__(
+        self, config: ModelConfig, num_labels: int, pooling: Literal["visit", "cls", "mean"] = "visit"
+    ) -> None:
         super().__init__()
         if num_labels <= 0:
             raise ValueError(f"num_labels must be positive, got {num_labels}")
-        if pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
+        if pooling not in ("visit", "cls", "mean"):
+            raise ValueError(f"pooling must be 'visit', 'cls' or 'mean', got {pooling!r}")
         self.config = config
         self.num_labels = num_labels
         self.pooling = pooling
@@ -95,8 +106,14 @@ class BehrtForMultiLabel(nn.Module):
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.classifier.apply(init_weights)
 
-    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """``hidden`` ``(B, T, H)``, ``attention_mask`` ``(B, T)`` bool -> ``(B, H)``."""
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor, score_at: torch.Tensor | None = None
+             ) -> torch.Tensor:
+        """``hidden`` ``(B, T, H)``, ``attention_mask`` ``(B, T)`` bool -> ``(B, H)``, or ``(N, H)`` at the
+        ``N`` positions of ``score_at`` (row-major order) for ``"visit"`` pooling."""
+        if self.pooling == "visit":
+            if score_at is None:
+                raise ValueError("visit pooling needs score_at: the [SEP] positions to score")
+            return hidden[score_at]  # (N, H)
         if self.pooling == "cls":
             return hidden[:, 0]  # (B, H)
         weights = attention_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
@@ -110,12 +127,15 @@ class BehrtForMultiLabel(nn.Module):
         segments: torch.Tensor,
         visit_index: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
+        score_at: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Batch fields as :meth:`BehrtEncoder.forward` -> ``(B, num_labels)`` logits (before the sigmoid)."""
+        """Batch fields as :meth:`BehrtEncoder.forward` -> logits (before the sigmoid): ``(B, num_labels)``,
+        or ``(N, num_labels)`` at the ``score_at`` positions with ``"visit"`` pooling."""
         if attention_mask is None:
             attention_mask = token_ids != PAD_ID
-        hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask)  # (B, T, H)
-        return self.classifier(self.drop(self.pool(hidden, attention_mask)))  # (B, num_labels)
+        visit_causal = self.pooling == "visit"
+        hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, visit_causal)  # (B, T, H)
+        return self.classifier(self.drop(self.pool(hidden, attention_mask, score_at)))
 
 
 def multilabel_loss(

@@ -8,11 +8,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from behrt_rope.data.batching import pad_batch
-from behrt_rope.data.datasets import PatientDataset
+from behrt_rope.data.datasets import VisitScoredDataset, labelled_dataset
 from behrt_rope.data.sequences import Sequences
 from behrt_rope.model.heads import BehrtForMultiLabel
-from behrt_rope.training.tasks import model_inputs
+
+INPUTS = ("token_ids", "ages", "segments", "visit_index", "attention_mask")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -39,18 +39,31 @@ def score(
     device: torch.device | None = None,
     progress: bool = False,
 ) -> np.ndarray:
-    """Probabilities (N, L) float32 for the first ``cuts[i]`` tokens of patient ``rows[i]`` (default: all
-    patients, whole streams). Items are batched in length order to keep padding low."""
+    """Probabilities (N, L) float32 for the first ``cuts[i]`` tokens of patient ``rows[i]`` (default: every
+    patient's whole stream, i.e. as of its last visit). Each cut must end with a visit's [SEP].
+
+    With visit pooling, all of a patient's samples are scored in one visit-causal pass; items are batched
+    in length order to keep padding low.
+    """
     device = device or torch.device("cpu")
     model = model.to(device)
-    dataset = PatientDataset(seqs, rows, cuts)
+    rows = np.arange(len(seqs)) if rows is None else np.asarray(rows, dtype=np.int64)
+    cuts = seqs.lengths[rows] if cuts is None else np.asarray(cuts, dtype=np.int64)
+    dataset, collate = labelled_dataset(seqs, rows, cuts, None, None, model.pooling)
     order = np.argsort(dataset.lengths, kind="stable")
-    out = np.zeros((len(dataset), model.num_labels), dtype=np.float32)
+    out = np.zeros((len(rows), model.num_labels), dtype=np.float32)
     autocast = device.type == "cuda" and torch.cuda.is_bf16_supported()
     for start in tqdm(range(0, len(order), batch_size), desc="scoring", disable=not progress, unit="batch"):
         index = order[start : start + batch_size]
-        batch = {k: v.to(device) for k, v in pad_batch([dataset[int(i)] for i in index]).items()}
+        batch = {k: v.to(device) for k, v in collate([dataset[int(i)] for i in index]).items()}
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(**model_inputs(batch))
-        out[index] = torch.sigmoid(logits.float()).cpu().numpy()
+            logits = model(**{name: batch[name] for name in INPUTS}, score_at=batch.get("score_at"))
+        out[_sample_ids(dataset, index)] = torch.sigmoid(logits.float()).cpu().numpy()
     return out
+
+
+def _sample_ids(dataset: torch.utils.data.Dataset, items: np.ndarray) -> np.ndarray:
+    """The input sample numbers of the model's output rows for these dataset items."""
+    if isinstance(dataset, VisitScoredDataset):
+        return np.concatenate([dataset.sample_order[dataset.groups[i] : dataset.groups[i + 1]] for i in items])
+    return items

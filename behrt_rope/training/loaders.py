@@ -7,26 +7,29 @@ from collections.abc import Callable
 import torch
 
 from behrt_rope.data.batching import BucketBatchSampler, padding_share
-from behrt_rope.data.datasets import PatientDataset
 from behrt_rope.training.config import TrainerConfig
 
 
 def make_loader(
-    dataset: PatientDataset, cfg: TrainerConfig, collate: Callable, shuffle: bool, batch_size: int | None = None
+    dataset: torch.utils.data.Dataset,
+    cfg: TrainerConfig,
+    collate: Callable,
+    shuffle: bool,
+    batch_size: int | None = None,
 ) -> torch.utils.data.DataLoader:
-    """Length-bucketed (and, for training, shuffled) batches of ``dataset``."""
-    sampler = BucketBatchSampler(
-        dataset.lengths, batch_size or cfg.batch_size, cfg.bucket_size if shuffle else 1_000_000, shuffle, cfg.seed
-    )
+    """Length-bucketed (and, for training, shuffled) batches of ``dataset`` (which has ``lengths``)."""
+    lengths = dataset.lengths  # type: ignore[attr-defined]
+    bucket = cfg.bucket_size if shuffle else 1_000_000  # evaluation: one global sort, least padding
+    sampler = BucketBatchSampler(lengths, batch_size or cfg.batch_size, bucket, shuffle, cfg.seed)
     return torch.utils.data.DataLoader(
         dataset, batch_sampler=sampler, collate_fn=collate, num_workers=cfg.num_workers,
         persistent_workers=cfg.num_workers > 0,
     )
 
 
-def padding_report(dataset: PatientDataset, cfg: TrainerConfig) -> dict[str, float]:
+def padding_report(dataset: torch.utils.data.Dataset, cfg: TrainerConfig) -> dict[str, float]:
     """Share of padded positions in one epoch, length-bucketed vs. plain random batches."""
-    lengths = dataset.lengths
+    lengths = dataset.lengths  # type: ignore[attr-defined]
     bucketed = BucketBatchSampler(lengths, cfg.batch_size, cfg.bucket_size, True, cfg.seed).batches()
     plain = BucketBatchSampler(lengths, cfg.batch_size, 1, True, cfg.seed).batches()
     return {
