@@ -1,20 +1,66 @@
 """Row-level checks: every canonical row is used, quarantined with a reason, or dropped as a duplicate.
 
 Each check is a small vectorised function; ``clean`` applies them in a fixed order and the first reason
-that applies is the one recorded.
+that applies is the one recorded. Text columns are turned into integer codes once (:class:`EventCodes`), so
+the checks, and the visit grouping after them, work on integers.
+
+Which copy of an exact duplicate is kept does not depend on row order: the copy whose raw time text is
+smallest, then the first by source table and row. So the quarantine holds the same rows (up to their
+``source_row``) whatever order the input rows come in.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from behrt_rope import schema as S
+from behrt_rope.etl.codes import factorize_text, pack_keys, repeated
 from behrt_rope.schema import Reason
 
 OK = ""
+
+
+@dataclass
+class EventCodes:
+    """Integer codes of an events frame's text columns, row-aligned, each with its distinct values.
+
+    Patient codes follow text order (sorting by the code sorts by the id); the others are in no particular
+    order (visit ids are many, and sorting them all would cost more than the rest of the grouping).
+    """
+
+    patient: np.ndarray  # int64 per row, index into patient_uniques
+    patient_uniques: np.ndarray  # object, sorted
+    code: np.ndarray
+    code_uniques: np.ndarray
+    system: np.ndarray
+    system_uniques: np.ndarray
+    visit: np.ndarray
+    visit_uniques: np.ndarray
+
+    @classmethod
+    def of(cls, events: pd.DataFrame) -> EventCodes:
+        """Encode PATIENT_ID, CODE, CODE_SYSTEM and VISIT_ID of a canonical events frame.
+
+        >>> e = pd.DataFrame({S.PATIENT_ID: ["b", "a", "b"], S.CODE: ["I10", "E11", "I10"],
+        ...                   S.CODE_SYSTEM: ["", "", ""], S.VISIT_ID: ["", "v1", ""]})
+        >>> c = EventCodes.of(e)
+        >>> c.patient.tolist(), c.patient_uniques.tolist(), c.visit_uniques[c.visit].tolist()
+        ([1, 0, 1], ['a', 'b'], ['', 'v1', ''])
+        """
+        parts = [factorize_text(events[S.PATIENT_ID])]
+        parts += [factorize_text(events[c], sort=False) for c in (S.CODE, S.CODE_SYSTEM, S.VISIT_ID)]
+        return cls(*(a for pair in parts for a in pair))
+
+    def take(self, rows: np.ndarray) -> EventCodes:
+        """The codes of a subset of rows (a boolean mask or row numbers); the uniques are kept whole."""
+        return EventCodes(
+            self.patient[rows], self.patient_uniques, self.code[rows], self.code_uniques,
+            self.system[rows], self.system_uniques, self.visit[rows], self.visit_uniques,
+        )
 
 
 @dataclass
@@ -24,6 +70,7 @@ class Cleaned:
     patients: pd.DataFrame  # PATIENT_ID, BIRTH_DATE, DEATH_DATE, SOURCE_TABLE (one row per patient)
     events: pd.DataFrame  # canonical event columns, usable rows only
     quarantine: pd.DataFrame  # S.QUARANTINE columns; duplicates listed with reason exact_duplicate
+    codes: EventCodes | None = field(default=None, repr=False)  # integer codes of ``events``, when known
 
 
 def first_reason(checks: list[tuple[str, np.ndarray]], n: int) -> np.ndarray:
@@ -32,10 +79,16 @@ def first_reason(checks: list[tuple[str, np.ndarray]], n: int) -> np.ndarray:
     >>> first_reason([("a", np.array([True, False, False])), ("b", np.array([True, True, False]))], 3).tolist()
     ['a', 'b', '']
     """
-    reason = np.full(n, OK, dtype=object)
-    for name, failed in checks:
-        reason[(reason == OK) & failed] = name
-    return reason
+    index = _first_failed([failed for _, failed in checks], n)
+    return np.asarray([OK, *(name for name, _ in checks)], dtype=object)[index]
+
+
+def _first_failed(failures: Sequence[np.ndarray], n: int) -> np.ndarray:
+    """Per row, 1 + the position of the first failed check, or 0 when all pass (int8)."""
+    index = np.zeros(n, dtype=np.int8)
+    for i, failed in enumerate(failures, start=1):
+        index[(index == 0) & failed] = i
+    return index
 
 
 def patient_reasons(patients: pd.DataFrame) -> np.ndarray:
@@ -64,47 +117,89 @@ def patient_reasons(patients: pd.DataFrame) -> np.ndarray:
         len(ids),
     )
     valid = pd.DataFrame({"id": ids, "b": birth, "d": death})[reason == OK]
-    repeat = valid.duplicated(keep="first")
+    tiebreak = [c for c in (S.BIRTH_RAW, S.DEATH_RAW, S.SOURCE_TABLE, S.SOURCE_ROW) if c in patients.columns]
+    repeat = _repeats(valid, patients.loc[reason == OK, tiebreak])
     distinct = valid[~repeat]
-    conflicting = distinct["id"].duplicated(keep=False)
-    conflict_ids = set(distinct.loc[conflicting, "id"])
+    conflict_ids = set(distinct.loc[distinct["id"].duplicated(keep=False), "id"])
     idx = valid.index.to_numpy()
-    reason[idx[repeat.to_numpy()]] = Reason.DUPLICATE
-    reason[idx[valid["id"].isin(conflict_ids).to_numpy() & ~repeat.to_numpy()]] = Reason.CONFLICTING_PATIENT_ROWS
-    reason[idx[valid["id"].isin(conflict_ids).to_numpy() & repeat.to_numpy()]] = Reason.CONFLICTING_PATIENT_ROWS
+    reason[idx[repeat]] = Reason.DUPLICATE
+    reason[idx[valid["id"].isin(conflict_ids).to_numpy()]] = Reason.CONFLICTING_PATIENT_ROWS
     return reason
+
+
+def _repeats(keys: pd.DataFrame, tiebreak: pd.DataFrame) -> np.ndarray:
+    """True for every row that repeats the ``keys`` of an earlier row in ``tiebreak`` order (not row order)."""
+    if not len(tiebreak.columns):
+        return keys.duplicated(keep="first").to_numpy()
+    frame = pd.concat([keys.reset_index(drop=True), tiebreak.reset_index(drop=True).add_prefix("~")], axis=1)
+    order = np.lexsort([frame[c].to_numpy() for c in reversed(frame.columns)]) if len(frame) else np.zeros(0, int)
+    repeat = np.zeros(len(frame), dtype=bool)
+    repeat[order] = frame.iloc[order][list(keys.columns)].duplicated(keep="first").to_numpy()
+    return repeat
 
 
 def event_reasons(events: pd.DataFrame, patients: pd.DataFrame, rejected_ids: np.ndarray) -> np.ndarray:
     """Quarantine reason per canonical event row, given the usable ``patients`` (one row per id)."""
-    ids = events[S.PATIENT_ID].to_numpy(dtype=object)
-    where = pd.Index(patients[S.PATIENT_ID]).get_indexer(ids)
+    index = _event_reason_index(events, EventCodes.of(events), patients, rejected_ids)
+    return np.asarray([OK, *_EVENT_REASONS], dtype=object)[index]
+
+
+_READER_REASONS = (Reason.MISSING_BIRTH, Reason.NO_MATCHING_CONCEPT)  # set by readers in the REASON column
+_EVENT_REASONS = (
+    *_READER_REASONS,
+    Reason.MISSING_PATIENT_ID, Reason.PATIENT_REJECTED, Reason.UNKNOWN_PATIENT, Reason.UNPARSEABLE_DATE,
+    Reason.EMPTY_CODE, Reason.BEFORE_BIRTH, Reason.AFTER_DEATH, Reason.DUPLICATE,
+)
+
+
+def _event_reason_index(
+    events: pd.DataFrame, codes: EventCodes, patients: pd.DataFrame, rejected_ids: np.ndarray
+) -> np.ndarray:
+    """Per event row, 0 when usable, else 1 + the position of its reason in ``_EVENT_REASONS`` (int8)."""
+    ids = codes.patient_uniques
+    where = pd.Index(patients[S.PATIENT_ID].to_numpy(dtype=object)).get_indexer(ids)[codes.patient]
     known = where >= 0
-    birth = np.where(known, patients[S.BIRTH_DATE].to_numpy("datetime64[us]")[where], np.datetime64("NaT"))
-    death = np.where(known, patients[S.DEATH_DATE].to_numpy("datetime64[us]")[where], np.datetime64("NaT"))
+    nat = np.datetime64("NaT", "D")
+    birth = np.append(_day(patients[S.BIRTH_DATE].to_numpy("datetime64[us]")), nat)  # [-1]: unknown patient
+    death = np.append(_day(patients[S.DEATH_DATE].to_numpy("datetime64[us]")), nat)
     time = events[S.TIME].to_numpy(dtype="datetime64[us]")
     day = _day(time)
-    reason = first_reason(
+    given = events[S.REASON].to_numpy(dtype=object) if S.REASON in events.columns else None  # optional
+    index = _first_failed(
         [
-            (Reason.MISSING_PATIENT_ID, ids == ""),
-            (Reason.PATIENT_REJECTED, ~known & (pd.Index(rejected_ids).get_indexer(ids) >= 0)),
-            (Reason.UNKNOWN_PATIENT, ~known),
-            (Reason.UNPARSEABLE_DATE, np.isnat(time)),
-            (Reason.EMPTY_CODE, events[S.CODE].to_numpy(dtype=object) == ""),
-            (Reason.BEFORE_BIRTH, day < _day(birth)),
-            (Reason.AFTER_DEATH, ~np.isnat(death) & (day > _day(death))),
+            *(np.zeros(len(events), bool) if given is None else given == r for r in _READER_REASONS),
+            (ids == "")[codes.patient],
+            ~known & (pd.Index(np.asarray(rejected_ids, dtype=object)).get_indexer(ids) >= 0)[codes.patient],
+            ~known,
+            np.isnat(time),
+            (codes.code_uniques == "")[codes.code],
+            day < birth[where],
+            day > death[where],  # comparisons with NaT are False
         ],
-        len(ids),
+        len(events),
     )
-    keys = [S.PATIENT_ID, S.TIME, S.CODE, S.CODE_SYSTEM, S.VISIT_ID]
-    usable = reason == OK
-    order = np.lexsort((events[S.SOURCE_ROW].to_numpy(), events[S.SOURCE_TABLE].to_numpy(dtype=str)))
-    ranked = events.iloc[order]
-    repeat = np.zeros(len(events), dtype=bool)
-    repeat[order] = ranked[keys].duplicated(keep="first").to_numpy() & usable[order]
-    # a repeat of a row that was itself quarantined is judged on its own: only repeats of usable rows drop
-    reason[repeat] = Reason.DUPLICATE
-    return reason
+    usable = np.flatnonzero(index == 0)
+    keys = [codes.patient[usable], time[usable].view(np.int64), codes.code[usable], codes.system[usable],
+            codes.visit[usable]]
+    repeat = _repeated_keys(keys, events, usable)
+    index[usable[repeat]] = _EVENT_REASONS.index(Reason.DUPLICATE) + 1
+    return index
+
+
+def _repeated_keys(keys: list[np.ndarray], events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """True for ``rows`` whose integer ``keys`` repeat those of a row that comes first in tie-break order
+    (raw time text, source table, source row).
+
+    ``keys`` are aligned with ``rows``, which index the rows of ``events``.
+    """
+    repeat = np.zeros(len(rows), dtype=bool)
+    if not len(rows):
+        return repeat
+    multi, group = repeated(pack_keys(keys)[0])  # rows in a group of two or more: few
+    if len(multi):
+        tiebreak = events.iloc[rows[multi]][[S.TIME_RAW, S.SOURCE_TABLE, S.SOURCE_ROW]]
+        repeat[multi] = _repeats(pd.DataFrame({"g": group}), tiebreak)
+    return repeat
 
 
 def clean(patients: pd.DataFrame, events: pd.DataFrame) -> Cleaned:
@@ -115,7 +210,12 @@ def clean(patients: pd.DataFrame, events: pd.DataFrame) -> Cleaned:
         patients.loc[p_reason != OK, S.PATIENT_ID].to_numpy(dtype=object).astype(str),
         usable_patients[S.PATIENT_ID].to_numpy(dtype=object).astype(str),
     )
-    e_reason = event_reasons(events, usable_patients, rejected)
+    codes = EventCodes.of(events)
+    e_index = _event_reason_index(events, codes, usable_patients, rejected)
+    usable = e_index == 0
+    bad = np.flatnonzero(~usable)
+    e_reason = np.full(len(events), OK, dtype=object)
+    e_reason[bad] = np.asarray([OK, *_EVENT_REASONS], dtype=object)[e_index[bad]]
     quarantine = pd.concat(
         [
             quarantine_rows(patients, p_reason, S.BIRTH_RAW, ""),
@@ -125,16 +225,17 @@ def clean(patients: pd.DataFrame, events: pd.DataFrame) -> Cleaned:
     )
     return Cleaned(
         patients=usable_patients[[S.PATIENT_ID, S.BIRTH_DATE, S.DEATH_DATE, S.SOURCE_TABLE]].reset_index(drop=True),
-        events=events[e_reason == OK].reset_index(drop=True),
+        events=events[usable].reset_index(drop=True) if len(bad) else events.reset_index(drop=True),
         quarantine=quarantine,
+        codes=codes.take(usable) if len(bad) else codes,
     )
 
 
 def quarantine_rows(frame: pd.DataFrame, reason: np.ndarray, time_col: str, code_col: str) -> pd.DataFrame:
     """The rejected rows of ``frame`` in the quarantine layout (raw values as text)."""
-    bad = reason != OK
-    sub = frame[bad]
-    n = int(bad.sum())
+    bad = np.flatnonzero(reason != OK)
+    sub = frame.iloc[bad]
+    n = len(bad)
     return pd.DataFrame(
         {
             S.SOURCE_TABLE: sub[S.SOURCE_TABLE].to_numpy(dtype=object),
@@ -142,7 +243,7 @@ def quarantine_rows(frame: pd.DataFrame, reason: np.ndarray, time_col: str, code
             S.PATIENT_ID: sub[S.PATIENT_ID].to_numpy(dtype=object),
             S.TIME: sub[time_col].astype(str).to_numpy(dtype=object),
             S.CODE: sub[code_col].to_numpy(dtype=object) if code_col else np.full(n, "", dtype=object),
-            S.REASON: reason[bad],
+            S.REASON: np.asarray(reason, dtype=object)[bad],
         }
     )
 

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from behrt_rope.errors import InputSchemaError
 
 TABLE_SUFFIXES = (".parquet", ".csv", ".csv.gz")
-BATCH_ROWS = 1 << 20
+BATCH_ROWS = 1 << 18  # rows per streamed batch: bounds the reader's transient memory
 
 
 def find_table(input_dir: Path, name: str, required: bool = True) -> list[Path]:
@@ -46,26 +46,60 @@ def find_table(input_dir: Path, name: str, required: bool = True) -> list[Path]:
 
 def column_names(path: Path) -> list[str]:
     """The columns of a CSV or Parquet file, without reading its rows."""
-    if path.name.endswith(".parquet"):
-        return list(pq.read_schema(path).names)
-    reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 16))
-    return list(reader.schema.names)
+    try:
+        if path.name.endswith(".parquet"):
+            return list(pq.read_schema(path).names)
+        reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 16))
+        return list(reader.schema.names)
+    except (pa.ArrowException, OSError) as err:
+        raise InputSchemaError(f"{path}: cannot read the file: {_first_line(err)}") from err
 
 
 def iter_batches(path: Path, columns: Sequence[str]) -> Iterator[pa.Table]:
-    """Stream ``columns`` of a file in row order, as tables of up to ~1M rows; CSV columns as text."""
+    """Stream ``columns`` of a file in row order, as tables of up to ~1M rows; CSV columns as text.
+
+    Dictionary-encoded Parquet columns (a pandas ``category`` column, say) come back decoded. A file that
+    cannot be parsed stops with an :class:`InputSchemaError` naming it.
+    """
+    try:
+        yield from _batches(path, columns)
+    except pa.ArrowException as err:
+        raise InputSchemaError(f"{path}: cannot read the file: {_first_line(err)}") from err
+
+
+def _batches(path: Path, columns: Sequence[str]) -> Iterator[pa.Table]:
+    empty = True
     if path.name.endswith(".parquet"):
         parquet = pq.ParquetFile(path)
         for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=list(columns)):
-            yield pa.Table.from_batches([batch])
+            empty = False
+            yield _decode_dictionaries(pa.Table.from_batches([batch]))
+        if empty:  # a file without rows still yields one (empty) batch, so that readers count it
+            yield _decode_dictionaries(parquet.schema_arrow.empty_table().select(list(columns)))
         return
     names = column_names(path)
     convert = pacsv.ConvertOptions(
         column_types={c: pa.string() for c in names}, include_columns=list(columns), strings_can_be_null=False
     )
-    reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=64 << 20), convert_options=convert)
+    reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=16 << 20), convert_options=convert)
     for batch in reader:
+        empty = False
         yield pa.Table.from_batches([batch])
+    if empty:
+        yield reader.schema.empty_table()
+
+
+def _decode_dictionaries(table: pa.Table) -> pa.Table:
+    """Replace dictionary columns by their plain value type."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_dictionary(f.type):
+            table = table.set_column(i, f.name, table.column(i).cast(f.type.value_type))
+    return table
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def require_columns(path: Path, required: Sequence[str], present: Sequence[str]) -> None:
@@ -92,42 +126,76 @@ def check_arrow_type(path: Path, column: str, array: pa.ChunkedArray | pa.Array,
 
     Ids and codes must be text or integers (a float column would print ``250`` as ``250.0``); times must be
     text, dates or timestamps.
+
+    >>> check_arrow_type(Path("events.parquet"), "code", pa.array([250.0, None]), "code")
+    Traceback (most recent call last):
+    ...
+    behrt_rope.errors.InputSchemaError: events.parquet: column 'code' has type double, expected text or \
+integer (example value: 250.0)
     """
     t = array.type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
     ok = {
-        "id": pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t),
-        "code": pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t),
-        "time": pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_temporal(t),
+        "id": _is_text(t) or pa.types.is_integer(t),
+        "code": _is_text(t) or pa.types.is_integer(t),
+        "time": _is_text(t) or pa.types.is_temporal(t),
     }[allowed]
     if pa.types.is_null(t):
         ok = True
     if not ok:
-        first = next((v for v in array.to_pylist()[:1000] if v is not None), None)
+        present = array.drop_null()
+        first = present[0].as_py() if len(present) else None
         expected = {"id": "text or integer", "code": "text or integer", "time": "an ISO date/datetime"}[allowed]
         raise InputSchemaError(
             f"{path}: column '{column}' has type {t}, expected {expected} (example value: {first!r})"
         )
 
 
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t))
+
+
 def to_text(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """Any id/code column as a numpy object array of stripped strings; nulls become ''.
+
+    Each distinct value becomes one Python string, shared by all its rows (columns repeat values a lot).
 
     >>> to_text(pa.array([" E11 ", None])).tolist(), to_text(pa.array([250, 7])).tolist()
     (['E11', ''], ['250', '7'])
     """
     if pa.types.is_null(array.type):
         return np.full(len(array), "", dtype=object)
-    text = pc.utf8_trim_whitespace(pc.cast(array, pa.string()))
-    return np.asarray(pc.fill_null(text, "").to_numpy(zero_copy_only=False), dtype=object)
+    uniques, index = _distinct_text(array)
+    return np.asarray(uniques.to_numpy(zero_copy_only=False), dtype=object)[index]
+
+
+def text_array(array: pa.ChunkedArray | pa.Array) -> pd.api.extensions.ExtensionArray:
+    """Like :func:`to_text`, as an Arrow-backed pandas string array (no Python string per row).
+
+    For readers building canonical frames: pandas keeps it as it is, where an object array of strings
+    would be converted to Arrow again, value by value.
+
+    >>> text_array(pa.array([" E11 ", None], pa.large_string())).tolist(), text_array(pa.array([250])).tolist()
+    (['E11', ''], ['250'])
+    """
+    if pa.types.is_null(array.type):
+        return pd.array(pa.array([""], pa.large_string()).take(np.zeros(len(array), dtype=np.int32)), dtype="str")
+    uniques, index = _distinct_text(array)
+    return pd.array(uniques.cast(pa.large_string()).take(pa.array(index)), dtype="str")
 
 
 def parse_times(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """Parse ISO dates or datetimes into ``datetime64[us]``; what does not parse becomes NaT.
 
-    Timestamps with a time zone are converted to UTC and the zone dropped.
+    Timestamps with a time zone (or a UTC offset in the text) are converted to UTC and the zone dropped.
+    Impossible calendar dates are NaT, never rolled over into the next month. Each distinct text is
+    parsed once.
 
-    >>> parse_times(pa.array(["2020-01-02", "2020-01-02T10:30:00", "2020-13-40", "", None])).tolist()
-    [datetime.datetime(2020, 1, 2, 0, 0), datetime.datetime(2020, 1, 2, 10, 30), None, None, None]
+    >>> parse_times(pa.array(["2020-01-02", "2020-01-02T10:30:00", "2020-13-40", "2020-02-30", "", None])).tolist()
+    [datetime.datetime(2020, 1, 2, 0, 0), datetime.datetime(2020, 1, 2, 10, 30), None, None, None, None]
+    >>> parse_times(pa.array(["2020-01-02T01:00:00+02:00"])).tolist()
+    [datetime.datetime(2020, 1, 1, 23, 0)]
     """
     t = array.type
     if pa.types.is_timestamp(t) or pa.types.is_date(t):
@@ -138,10 +206,17 @@ def parse_times(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
         return np.asarray(naive.to_numpy(zero_copy_only=False), dtype="datetime64[us]")
     if pa.types.is_null(t):
         return np.full(len(array), np.datetime64("NaT"), dtype="datetime64[us]")
-    text = pc.utf8_trim_whitespace(pc.cast(array, pa.string()))
+    uniques, index = _distinct_text(array)
+    return _parse_distinct(uniques)[index]
+
+
+def _parse_distinct(text: pa.Array) -> np.ndarray:
+    """Parse (mostly distinct) ISO texts: Arrow's fast date parser, pandas' ISO 8601 parser for the rest."""
     fast = pc.strptime(text, format="%Y-%m-%d", unit="us", error_is_null=True)
-    out = np.asarray(fast.to_numpy(zero_copy_only=False), dtype="datetime64[us]")
-    retry = np.isnat(out) & (pc.fill_null(pc.utf8_length(text), 0).to_numpy(zero_copy_only=False) > 0)
+    # strptime rolls impossible dates over (2020-02-30 -> 2020-03-01): keep only exact round trips
+    exact = pc.fill_null(pc.equal(pc.strftime(fast, format="%Y-%m-%d"), text), False)
+    out = np.asarray(pc.if_else(exact, fast, None).to_numpy(zero_copy_only=False), dtype="datetime64[us]")
+    retry = np.isnat(out) & (pc.utf8_length(text).to_numpy(zero_copy_only=False) > 0)
     if retry.any():
         slow = pd.to_datetime(
             pd.Series(np.asarray(text.to_numpy(zero_copy_only=False), dtype=object)[retry]),
@@ -149,6 +224,23 @@ def parse_times(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
         )
         out[retry] = slow.dt.tz_localize(None).to_numpy(dtype="datetime64[us]")
     return out
+
+
+def _distinct_text(array: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """(distinct values as stripped text, with '' for null; index of each row's value) of any column.
+
+    The hash runs on the raw values and the stripping on the distinct ones only (they are far fewer).
+    """
+    encoded = pc.dictionary_encode(_single(array), null_encoding="encode")
+    uniques = pc.fill_null(pc.utf8_trim_whitespace(pc.cast(encoded.dictionary, pa.string())), "")
+    return uniques, encoded.indices.to_numpy(zero_copy_only=False)
+
+
+def _single(array: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """One contiguous array (a batch's chunks joined)."""
+    if isinstance(array, pa.ChunkedArray):
+        return array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+    return array
 
 
 def present_mask(array: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -24,8 +24,8 @@ from tqdm.auto import tqdm
 
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
-from behrt_rope.etl.clean import Cleaned, clean, quarantine_rows
-from behrt_rope.etl.codes import fit_vocabulary, tokens_of
+from behrt_rope.etl.clean import Cleaned, EventCodes, clean, quarantine_rows
+from behrt_rope.etl.codes import fit_vocabulary, token_codes
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.raw import RawTables
 from behrt_rope.etl.readers import reader_for
@@ -53,14 +53,15 @@ class ShardResult:
 def process_shard(raw: RawTables, config: EtlConfig) -> ShardResult:
     """Clean, structure and split one shard of canonical tables."""
     cleaned = clean(raw.patients, raw.events)
-    tokens = tokens_of(
-        cleaned.events[S.CODE].to_numpy(dtype=object), cleaned.events[S.CODE_SYSTEM].to_numpy(dtype=object), config
-    )
-    structured = structure(cleaned.events, tokens, cleaned.patients, config.max_seq_len)
-    too_long = np.where(structured.too_long, S.Reason.VISIT_TOO_LONG, "").astype(object)
-    quarantine = pd.concat(
-        [cleaned.quarantine, quarantine_rows(cleaned.events, too_long, S.TIME_RAW, S.CODE)], ignore_index=True
-    )
+    codes = cleaned.codes if cleaned.codes is not None else EventCodes.of(cleaned.events)
+    tokens = token_codes(codes.code, codes.code_uniques, codes.system, codes.system_uniques, config)
+    structured = structure(cleaned.events, tokens, cleaned.patients, config.max_seq_len, codes=codes)
+    quarantine = cleaned.quarantine
+    if structured.too_long.any():
+        too_long = np.where(structured.too_long, S.Reason.VISIT_TOO_LONG, "").astype(object)
+        quarantine = pd.concat(
+            [quarantine, quarantine_rows(cleaned.events, too_long, S.TIME_RAW, S.CODE)], ignore_index=True
+        )
     ids = structured.patients[S.PATIENT_ID].to_numpy(dtype=object)
     splits = assign_splits(ids, config.split)
     if raw.source_splits is not None and len(raw.source_splits):
@@ -81,11 +82,10 @@ def _counts(
     counts: dict[str, Counter[str]] = {}
     for table, n in raw.rows_read.items():
         counts[table] = Counter(rows=n, filtered=raw.filtered.get(table, 0))
-    used = pd.concat(
-        [cleaned.patients[S.SOURCE_TABLE], cleaned.events.loc[~too_long, S.SOURCE_TABLE]], ignore_index=True
-    ).value_counts()
-    for table, n in used.items():
-        counts.setdefault(str(table), Counter())["used"] += int(n)
+    events = cleaned.events[S.SOURCE_TABLE]
+    for used in (cleaned.patients[S.SOURCE_TABLE], events[~too_long] if too_long.any() else events):
+        for table, n in used.value_counts().items():
+            counts.setdefault(str(table), Counter())["used"] += int(n)
     is_dup = quarantine[S.REASON] == S.Reason.DUPLICATE
     for key, rows in (("duplicates_dropped", quarantine[is_dup]), ("quarantined", quarantine[~is_dup])):
         for table, n in rows[S.SOURCE_TABLE].value_counts().items():
@@ -117,12 +117,13 @@ def run_etl(input_dir: Path, out_dir: Path, config: EtlConfig, progress: bool = 
         table = to_token_table(structured, vocabulary, result.splits)
         pq.write_table(table, tokens_dir / f"part-{shard:05d}.parquet")
         token_stats.append(_token_stats(table))
-    shutil.rmtree(tmp, ignore_errors=True)
 
-    quarantine = pd.concat([r.quarantine for r in results], ignore_index=True)
+    spilled = [pd.read_parquet(tmp / f"{shard:05d}" / S.QUARANTINE_FILE) for shard in range(len(results))] \
+        if config.shards > 1 else []
+    quarantine = pd.concat([r.quarantine for r in results] + spilled, ignore_index=True)
     quarantine = quarantine.sort_values([S.SOURCE_TABLE, S.SOURCE_ROW], kind="stable")
-    pq.write_table(pa.Table.from_pandas(quarantine, schema=S.QUARANTINE, preserve_index=False),
-                   out_dir / S.QUARANTINE_FILE)
+    _write_quarantine(quarantine, out_dir / S.QUARANTINE_FILE)
+    shutil.rmtree(tmp, ignore_errors=True)
     pq.write_table(pa.Table.from_pandas(vocabulary, schema=S.VOCAB, preserve_index=False), out_dir / S.VOCAB_FILE)
     manifest = build_manifest(results, vocabulary, token_stats, config, input_dir)
     manifest["seconds"] = round(time.perf_counter() - started, 3)
@@ -130,15 +131,17 @@ def run_etl(input_dir: Path, out_dir: Path, config: EtlConfig, progress: bool = 
 
 
 def _train_token_counts(result: ShardResult) -> Counter[str]:
+    """Per token, the number of train-split visits holding it (after merging and truncation)."""
     s = result.structured
-    train_patient = result.splits == S.TRAIN
-    train_visit = train_patient[s.visits["patient"].to_numpy()]
-    tokens = s.codes["token"].to_numpy(dtype=object)[train_visit[s.codes["visit"].to_numpy()]]
-    return Counter(pd.Series(tokens, dtype=object).value_counts().to_dict())
+    train_visit = (result.splits == S.TRAIN)[s.visits["patient"].to_numpy()]
+    tokens = pd.Categorical(s.codes["token"])
+    in_train = train_visit[s.codes["visit"].to_numpy()]
+    counts = np.bincount(tokens.codes[in_train], minlength=len(tokens.categories))
+    return Counter({str(t): int(n) for t, n in zip(tokens.categories, counts) if n})
 
 
 def _spill(result: ShardResult, folder: Path) -> None:
-    """Move a shard's structured tables to disk so only one shard is in memory at a time."""
+    """Move a shard's structured tables and quarantine to disk so only one shard is in memory at a time."""
     folder.mkdir(parents=True, exist_ok=True)
     s = result.structured
     for name in ("patients", "visits", "codes"):
@@ -147,27 +150,36 @@ def _spill(result: ShardResult, folder: Path) -> None:
         s.patients.iloc[:0], s.visits.iloc[:0], s.codes.iloc[:0], s.merged_in_visit, s.truncated_events,
         s.truncated_visits, s.truncated_patients, np.zeros(0, dtype=bool),
     )
-    result.quarantine.to_parquet(folder / "quarantine.parquet")
+    _write_quarantine(result.quarantine, folder / S.QUARANTINE_FILE)
+    result.quarantine = result.quarantine.iloc[:0]
 
 
 def _unspill(folder: Path) -> Structured:
     frames = {name: pd.read_parquet(folder / f"{name}.parquet") for name in ("patients", "visits", "codes")}
-    frames["codes"]["token"] = frames["codes"]["token"].astype(object)
+    frames["codes"]["token"] = pd.Categorical(frames["codes"]["token"])
     frames["patients"][S.PATIENT_ID] = frames["patients"][S.PATIENT_ID].astype(object)
     return Structured(frames["patients"], frames["visits"], frames["codes"], 0, 0, 0, 0, np.zeros(0, dtype=bool))
 
 
+def _write_quarantine(quarantine: pd.DataFrame, path: Path) -> None:
+    pq.write_table(pa.Table.from_pandas(quarantine, schema=S.QUARANTINE, preserve_index=False), path)
+
+
 def _token_stats(table: pa.Table) -> dict[str, Any]:
+    """Sequence lengths and splits per patient; code and [UNK] tokens per split."""
     lengths = table.column(S.N_TOKENS).to_numpy()
-    ids = pa.concat_arrays([c.flatten() for c in table.column(S.TOKEN_IDS).chunks]).to_numpy() \
-        if table.num_rows else np.zeros(0, dtype=np.int32)
-    split_per_token = np.repeat(table.column(S.SPLIT).to_numpy(zero_copy_only=False), lengths)
+    splits = np.asarray(table.column(S.SPLIT).to_numpy(zero_copy_only=False), dtype=object)
+    ids = table.column(S.TOKEN_IDS).combine_chunks().flatten().to_numpy() if table.num_rows \
+        else np.zeros(0, dtype=np.int32)
+    split_code, split_names = pd.factorize(splits)
+    token_split = np.repeat(split_code, lengths)
+    unk = np.bincount(token_split[ids == S.UNK_ID], minlength=len(split_names))
+    codes = np.bincount(token_split[ids >= S.N_SPECIAL], minlength=len(split_names)) + unk
     return {
         "lengths": lengths,
-        "splits": table.column(S.SPLIT).to_numpy(zero_copy_only=False),
-        "unk_by_split": Counter(split_per_token[ids == S.UNK_ID].tolist()),
-        "codes_by_split": Counter(split_per_token[ids >= S.N_SPECIAL].tolist())
-        + Counter(split_per_token[ids == S.UNK_ID].tolist()),
+        "splits": splits,
+        "unk_by_split": Counter({str(s): int(n) for s, n in zip(split_names, unk) if n}),
+        "codes_by_split": Counter({str(s): int(n) for s, n in zip(split_names, codes) if n}),
     }
 
 

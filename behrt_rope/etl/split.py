@@ -7,11 +7,12 @@ import hashlib
 import numpy as np
 import pandas as pd
 
+from behrt_rope.etl.codes import factorize_text
 from behrt_rope.etl.config import SplitConfig
 from behrt_rope.schema import SPLITS
 
 
-def patient_hash(patient_ids: np.ndarray, salt: str) -> np.ndarray:
+def patient_hash(patient_ids: np.ndarray | pd.api.extensions.ExtensionArray, salt: str) -> np.ndarray:
     """A uint64 per id, stable across runs, machines and row order (pandas' SipHash with a salted key).
 
     >>> a = patient_hash(np.array(["p1", "p2"], dtype=object), "s")
@@ -19,7 +20,8 @@ def patient_hash(patient_ids: np.ndarray, salt: str) -> np.ndarray:
     True
     """
     key = hashlib.md5(salt.encode()).hexdigest()[:16]
-    return pd.util.hash_array(np.asarray(patient_ids, dtype=object), hash_key=key, categorize=True)
+    codes, uniques = factorize_text(patient_ids, sort=False)  # each distinct id is hashed once
+    return pd.util.hash_array(uniques, hash_key=key, categorize=False)[codes]
 
 
 def assign_splits(patient_ids: np.ndarray, config: SplitConfig) -> np.ndarray:
@@ -36,7 +38,7 @@ def assign_splits(patient_ids: np.ndarray, config: SplitConfig) -> np.ndarray:
     return np.asarray(SPLITS, dtype=object)[np.minimum(index, len(SPLITS) - 1)]
 
 
-def shard_of(patient_ids: np.ndarray, n_shards: int) -> np.ndarray:
+def shard_of(patient_ids: np.ndarray | pd.api.extensions.ExtensionArray, n_shards: int) -> np.ndarray:
     """Shard number in [0, n_shards) per patient id; independent of the split draw."""
     if n_shards == 1:
         return np.zeros(len(patient_ids), dtype=np.int64)

@@ -14,7 +14,8 @@ import pandas as pd
 import pyarrow as pa
 
 from behrt_rope import schema as S
-from behrt_rope.etl.codes import lookup
+from behrt_rope.etl.clean import EventCodes
+from behrt_rope.etl.codes import distinct_sorted, factorize_text, group_ids, lookup, ordered_key
 
 DAYS_PER_YEAR = 365.25
 
@@ -25,7 +26,8 @@ class Structured:
 
     ``patients``: PATIENT_ID, BIRTH_DATE, DEATH_DATE, LAST_EVENT_TIME, one row per patient with tokens,
     sorted by id. ``visits``: 'patient' (row in ``patients``), VISIT_INDEX (0-based after truncation),
-    TIME (earliest event of the visit). ``codes``: 'visit' (row in ``visits``), 'token' (string).
+    TIME (earliest event of the visit), sorted by patient and visit index. ``codes``: 'visit' (row in
+    ``visits``), 'token' (a categorical of token strings), one row per distinct token of a visit.
     """
 
     patients: pd.DataFrame
@@ -41,123 +43,207 @@ class Structured:
 def visit_keys(patient: np.ndarray, visit_id: np.ndarray, time: np.ndarray) -> np.ndarray:
     """A visit number per event: events sharing a visit_id, else a calendar day, form one visit.
 
+    Visit numbers follow (patient, visit_id, day) order, visits without an id first.
+
     >>> t = np.array(["2020-01-01T08", "2020-01-01T17", "2020-01-02", "2020-01-02"], dtype="datetime64[us]")
     >>> visit_keys(np.array([0, 0, 0, 0]), np.array(["", "", "v1", "v1"], dtype=object), t).tolist()
     [0, 0, 1, 1]
     """
-    vid, _ = pd.factorize(visit_id, sort=True)
-    has_id = visit_id != ""
-    day = np.asarray(time, dtype="datetime64[D]").astype(np.int64)
-    frame = pd.DataFrame({"p": patient, "v": np.where(has_id, vid, -1), "d": np.where(has_id, 0, day)})
-    return frame.groupby(["p", "v", "d"], sort=True).ngroup().to_numpy()
+    vid, uniques = factorize_text(pd.Series(visit_id, dtype=object))
+    group, (p, v, d) = _visit_groups(np.asarray(patient, dtype=np.int64), vid, uniques == "", time)
+    rank = np.empty(len(p), dtype=np.int64)
+    rank[np.lexsort((d, v, p))] = np.arange(len(p))
+    return rank[group]
+
+
+def _visit_groups(
+    patient: np.ndarray, visit: np.ndarray, no_visit: np.ndarray, time: np.ndarray
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Group events into visits: (visit number per event, per visit (patient, visit code or -1, day or 0)).
+
+    ``visit`` codes index ``no_visit``, which is True for the code of the empty visit id. Visit numbers are
+    dense but in no particular order.
+    """
+    n_visit_codes = len(no_visit)
+    has_id = ~no_visit[visit] if len(visit) else np.zeros(0, dtype=bool)
+    day = np.asarray(time, dtype="datetime64[us]").astype("datetime64[D]").view(np.int64)
+    first_day = int(day.min()) if len(day) else 0
+    slot = np.where(has_id, visit, n_visit_codes + day - first_day)  # the visit id, else the day
+    group = group_ids([patient, slot])
+    n_groups = int(group.max()) + 1 if len(group) else 0
+    p = np.zeros(n_groups, dtype=np.int64)
+    p[group] = patient
+    s = np.zeros(n_groups, dtype=np.int64)
+    s[group] = slot
+    with_id = s < n_visit_codes
+    return group, (p, np.where(with_id, s, -1), np.where(with_id, 0, s - n_visit_codes + first_day))
+
+
+def _visit_order(
+    patient: np.ndarray, time: np.ndarray, visit: np.ndarray, day: np.ndarray, visit_uniques: np.ndarray
+) -> np.ndarray:
+    """Visits sorted by patient, time, then visit id text (visits without an id, ``visit`` -1, first), day.
+
+    ``visit`` codes index ``visit_uniques`` in no particular order, so they are sorted by their text only
+    where patient and time tie (rare), not all of them.
+
+    >>> _visit_order(np.array([1, 0, 0, 0]), np.array([5, 7, 7, 3]), np.array([-1, 0, -1, 1]), np.array([9, 0, 8, 0]),
+    ...              np.array(["b", "a"], dtype=object)).tolist()
+    [3, 2, 1, 0]
+    """
+    key = ordered_key([patient, time])
+    order = np.lexsort((time, patient)) if key is None else np.argsort(key)
+    tie = (patient[order][1:] == patient[order][:-1]) & (time[order][1:] == time[order][:-1])
+    if not tie.any():
+        return order
+    in_tie = np.zeros(len(order), dtype=bool)
+    in_tie[1:] |= tie
+    in_tie[:-1] |= tie
+    at = np.flatnonzero(in_tie)
+    run = np.cumsum(np.r_[True, ~tie])[at]  # tied visits form contiguous runs of positions
+    sub = order[at]
+    has_id = visit[sub] >= 0
+    text = np.where(has_id, visit_uniques[np.maximum(visit[sub], 0)], "")
+    rank = factorize_text(text)[0]
+    order[at] = sub[np.lexsort((day[sub], rank, has_id, run))]
+    return order
 
 
 def structure(
-    events: pd.DataFrame, tokens: np.ndarray, patients: pd.DataFrame, max_seq_len: int
+    events: pd.DataFrame,
+    tokens: np.ndarray | pd.Categorical,
+    patients: pd.DataFrame,
+    max_seq_len: int,
+    *,
+    codes: EventCodes | None = None,
 ) -> Structured:
-    """Group usable events (with their token strings) into ordered, merged, length-limited visits."""
-    ids = events[S.PATIENT_ID].to_numpy(dtype=object)
-    pid, pid_uniques = pd.factorize(ids, sort=True)
+    """Group usable events (with their token strings) into ordered, merged, length-limited visits.
+
+    ``tokens``: one token per event, as strings or as a categorical (:func:`~behrt_rope.etl.codes.token_codes`).
+    ``codes``: the events' integer codes when the caller has them already (``Cleaned.codes``).
+    """
+    codes = codes if codes is not None else EventCodes.of(events)
+    tokens = tokens if isinstance(tokens, pd.Categorical) else pd.Categorical(np.asarray(tokens, dtype=object))
+    pid, pid_uniques = codes.patient, codes.patient_uniques
     time = events[S.TIME].to_numpy(dtype="datetime64[us]")
-    visit = visit_keys(pid, events[S.VISIT_ID].to_numpy(dtype=object), time)
+    t = time.view(np.int64)
+    visit, (vp, vv, vd) = _visit_groups(pid, codes.visit, codes.visit_uniques == "", time)
+    n_visits = len(vp)
+    vt = np.full(n_visits, np.iinfo(np.int64).max)
+    np.minimum.at(vt, visit, t)
 
-    # Visit order: by time, ties broken by the visit key (itself sorted on id/day), never by row order.
-    per_visit = pd.DataFrame({"p": pid, "visit": visit, "t": time}).groupby("visit", sort=True).agg(
-        p=("p", "first"), t=("t", "min")
-    )
-    tok_code, tok_uniques = pd.factorize(tokens, sort=True)
-    pairs = pd.DataFrame({"visit": visit, "tok": tok_code})
-    first = ~pairs.duplicated(keep="first").to_numpy()
-    n_codes = np.bincount(visit[first], minlength=len(per_visit))
+    # distinct tokens per visit (repeated codes in a visit merge into one token), sorted by visit and token
+    n_tok = max(len(tokens.categories), 1)
+    pairs = distinct_sorted(np.sort(visit * n_tok + tokens.codes.astype(np.int64)))
+    pair_visit, pair_token = pairs // n_tok, pairs % n_tok
+    n_codes = np.bincount(pair_visit, minlength=n_visits)
 
-    order = np.lexsort((per_visit.index.to_numpy(), per_visit["t"].to_numpy(), per_visit["p"].to_numpy()))
-    v = per_visit.iloc[order].assign(n=n_codes[order], key=per_visit.index.to_numpy()[order])
-    cost = v["n"].to_numpy() + 1  # the codes and the [SEP] closing the visit
-    suffix = _suffix_sums(v["p"].to_numpy(), cost)
-    keep_visit = suffix + 1 <= max_seq_len  # + [CLS]
-    kept_any = pd.Series(keep_visit).groupby(v["p"].to_numpy()).transform("any").to_numpy()
-
-    visit_kept = np.zeros(len(per_visit), dtype=bool)
-    visit_kept[v["key"].to_numpy()[keep_visit]] = True
+    # Visit order: by time, ties broken by visit id then day (never by row order); then keep the newest
+    # visits whose codes, [SEP]s and the [CLS] fit in max_seq_len.
+    order = _visit_order(vp, vt, vv, vd, codes.visit_uniques)
+    sp = vp[order]
+    cost = n_codes[order] + 1  # the codes and the [SEP] closing the visit
+    starts = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1]]) if n_visits else np.zeros(0, dtype=np.int64)
+    ends = np.r_[starts[1:], n_visits][: len(starts)] - 1
+    is_start = np.zeros(n_visits, dtype=bool)
+    is_start[starts] = True
+    g = np.cumsum(is_start) - 1  # patient group of each ordered visit
+    csum = np.cumsum(cost)
+    keep = csum[ends][g] - csum + cost + 1 <= max_seq_len
+    n_kept = np.add.reduceat(keep.astype(np.int64), starts) if n_visits else np.zeros(0, dtype=np.int64)
+    kept_any = n_kept > 0
     too_long_patient = np.zeros(len(pid_uniques), dtype=bool)
-    too_long_patient[v["p"].to_numpy()[~kept_any]] = True
+    too_long_patient[sp[starts[~kept_any]]] = True
 
-    kept = v[keep_visit]
-    visit_index = kept.groupby("p", sort=False).cumcount().to_numpy()
-    new_row = np.full(len(per_visit), -1)
-    new_row[kept["key"].to_numpy()] = np.arange(len(kept))
+    kept = order[keep]  # visit numbers in output order
+    visit_kept = np.zeros(n_visits, dtype=bool)
+    visit_kept[kept] = True
+    visit_index = np.flatnonzero(keep) - (ends + 1 - n_kept)[g[keep]]
 
-    code_rows = first & visit_kept[visit]
-    last_time = pd.Series(time).groupby(pid).max().to_numpy()
-    patient_rows = np.unique(kept["p"].to_numpy())
-    p_index = pd.Index(patients[S.PATIENT_ID]).get_indexer(pid_uniques[patient_rows])
+    patient_codes = sp[starts[kept_any]]  # ascending: the output is sorted by patient id
+    remap = np.full(len(pid_uniques), -1)
+    remap[patient_codes] = np.arange(len(patient_codes))
+    last_time = np.full(len(pid_uniques), np.iinfo(np.int64).min)
+    np.maximum.at(last_time, pid, t)
+    p_index = pd.Index(patients[S.PATIENT_ID].to_numpy(dtype=object)).get_indexer(pid_uniques[patient_codes])
     out_patients = pd.DataFrame(
         {
-            S.PATIENT_ID: pid_uniques[patient_rows],
+            S.PATIENT_ID: pd.Series(pid_uniques[patient_codes], dtype=object),
             S.BIRTH_DATE: patients[S.BIRTH_DATE].to_numpy("datetime64[us]")[p_index],
             S.DEATH_DATE: patients[S.DEATH_DATE].to_numpy("datetime64[us]")[p_index],
-            S.LAST_EVENT_TIME: last_time[patient_rows],
+            S.LAST_EVENT_TIME: last_time[patient_codes].view("datetime64[us]"),
         }
     )
-    remap = np.full(len(pid_uniques), -1)
-    remap[patient_rows] = np.arange(len(patient_rows))
-    dropped = ~keep_visit & kept_any
+    # the kept visits' codes in output order: each visit's run of (sorted) pairs, moved as a block
+    run_length = n_codes[kept]
+    run_start = (np.cumsum(n_codes) - n_codes)[kept]
+    n_out = int(run_length.sum())
+    take = np.repeat(run_start - (np.cumsum(run_length) - run_length), run_length) + np.arange(n_out)
+    event_kept = visit_kept[visit]
+    dropped = ~keep & kept_any[g]
     return Structured(
         patients=out_patients,
         visits=pd.DataFrame(
-            {"patient": remap[kept["p"].to_numpy()], S.VISIT_INDEX: visit_index, S.TIME: kept["t"].to_numpy()}
+            {
+                "patient": remap[vp[kept]],
+                S.VISIT_INDEX: visit_index,
+                S.TIME: vt[kept].view("datetime64[us]"),
+            }
         ),
         codes=pd.DataFrame(
-            {"visit": new_row[visit[code_rows]], "token": np.asarray(tok_uniques, dtype=object)[tok_code[code_rows]]}
+            {
+                "visit": np.repeat(np.arange(len(kept)), run_length),
+                "token": pd.Categorical.from_codes(pair_token[take], categories=tokens.categories),
+            }
         ),
-        merged_in_visit=int((~first & visit_kept[visit]).sum()),
-        truncated_events=int((~visit_kept[visit] & ~too_long_patient[pid]).sum()),
+        merged_in_visit=int(event_kept.sum()) - n_out,
+        truncated_events=int((~event_kept & ~too_long_patient[pid]).sum()),
         truncated_visits=int(dropped.sum()),
-        truncated_patients=len(np.unique(v["p"].to_numpy()[dropped])),
+        truncated_patients=int(((n_kept < ends - starts + 1) & kept_any).sum()),
         too_long=too_long_patient[pid],
     )
 
 
-def _suffix_sums(group: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Sum of ``values`` from each row to the end of its (contiguous) group.
-
-    >>> _suffix_sums(np.array([0, 0, 0, 1, 1]), np.array([1, 2, 3, 4, 5])).tolist()
-    [6, 5, 3, 9, 5]
-    """
-    prefix = pd.Series(values).groupby(group, sort=False).cumsum().to_numpy()
-    total = pd.Series(values).groupby(group, sort=False).transform("sum").to_numpy()
-    return total - prefix + values
-
-
 def to_token_table(structured: Structured, vocabulary: pd.DataFrame, splits: np.ndarray) -> pa.Table:
-    """Token streams (schema ``S.TOKENS``), one row per patient of ``structured``; ``splits`` per patient."""
+    """Token streams (schema ``S.TOKENS``), one row per patient of ``structured``; ``splits`` per patient.
+
+    Placement is computed, not sorted: each visit occupies its codes (by token id) and a closing [SEP],
+    visits follow one another, and each patient's stream starts with a [CLS].
+    """
     visits, codes, patients = structured.visits, structured.codes, structured.patients
     n_patients, n_visits = len(patients), len(visits)
-    visit_patient = visits["patient"].to_numpy()
-    first_visit = np.full(n_patients, 0)
-    first_visit[visit_patient[::-1]] = np.arange(n_visits)[::-1]  # lowest visit row per patient
+    visit_patient = visits["patient"].to_numpy().astype(np.int64)
+    visit_index = visits[S.VISIT_INDEX].to_numpy().astype(np.int64)
+    if n_visits and np.any(np.diff(visit_patient * (int(visit_index.max()) + 1) + visit_index) <= 0):
+        raise ValueError("structured visits must be sorted by patient and visit index")
 
-    # rows: [CLS] per patient (kind 0), codes (kind 1), [SEP] per visit (kind 2)
-    code_visit = codes["visit"].to_numpy()
-    row_visit = np.concatenate([first_visit, code_visit, np.arange(n_visits)])
-    row_kind = np.concatenate([np.zeros(n_patients), np.ones(len(codes)), np.full(n_visits, 2)]).astype(np.int8)
-    row_token = np.concatenate(
-        [
-            np.full(n_patients, S.CLS_ID, np.int32),
-            lookup(codes["token"].to_numpy(dtype=object), vocabulary),
-            np.full(n_visits, S.SEP_ID, np.int32),
-        ]
-    )
-    row_patient = visit_patient[row_visit]
-    row_vindex = visits[S.VISIT_INDEX].to_numpy()[row_visit]
-    sort_visit = np.where(row_kind == 0, -1, row_vindex)
-    order = np.lexsort((row_token, row_kind, sort_visit, row_patient))
-    row_visit, row_token, row_vindex = row_visit[order], row_token[order], row_vindex[order]
+    tokens = codes["token"]
+    categorical = tokens.array if isinstance(tokens.dtype, pd.CategoricalDtype) else pd.Categorical(
+        tokens.to_numpy(dtype=object))
+    ids = lookup(np.asarray(categorical.categories, dtype=object), vocabulary)[categorical.codes]
+    code_visit, code_id = _sorted_codes(codes["visit"].to_numpy().astype(np.int64), ids, len(vocabulary))
+
+    n_codes = np.bincount(code_visit, minlength=n_visits)
+    visit_len = n_codes + 1
+    visit_start = np.cumsum(visit_len) - visit_len + visit_patient + 1  # after the [CLS]s so far
+    first_visit = np.searchsorted(visit_patient, np.arange(n_patients))
+    cls_pos = visit_start[first_visit] - 1 if n_visits else np.zeros(0, dtype=np.int64)
+    code_rank = np.arange(len(code_visit)) - (np.cumsum(n_codes) - n_codes)[code_visit]
+    code_pos = visit_start[code_visit] + code_rank
+    sep_pos = visit_start + n_codes
+    total = n_patients + int(visit_len.sum())
+    row_token = np.empty(total, dtype=np.int32)
+    row_visit = np.empty(total, dtype=np.int64)
+    for pos, token, visit in ((cls_pos, S.CLS_ID, first_visit), (sep_pos, S.SEP_ID, np.arange(n_visits)),
+                              (code_pos, code_id, code_visit)):
+        row_token[pos] = token
+        row_visit[pos] = visit
+    row_vindex = visit_index[row_visit]
 
     birth_day = patients[S.BIRTH_DATE].to_numpy("datetime64[us]").astype("datetime64[D]")
     visit_time = visits[S.TIME].to_numpy("datetime64[us]")
     visit_age = (visit_time.astype("datetime64[D]") - birth_day[visit_patient]).astype(np.int64) / DAYS_PER_YEAR
-    lengths = np.bincount(row_patient, minlength=n_patients)
+    lengths = np.bincount(visit_patient, weights=visit_len, minlength=n_patients).astype(np.int64) + 1
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
 
     def lists(values: np.ndarray, typ: pa.DataType) -> pa.ListArray:
@@ -178,3 +264,32 @@ def to_token_table(structured: Structured, vocabulary: pd.DataFrame, splits: np.
         S.VISIT_DATES: lists(visit_time[row_visit], pa.timestamp("us")),
     }
     return pa.table(columns, schema=S.TOKENS)
+
+
+def _sorted_codes(visit: np.ndarray, ids: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(visit, token id) of each code, sorted by visit then id.
+
+    Codes from :func:`structure` come sorted by visit and token text, which is id order except for [UNK]
+    (tokens outside the vocabulary): then only each visit's [UNK]s move to its front, without a sort.
+
+    >>> v, i = _sorted_codes(np.array([0, 0, 0, 1, 1]), np.array([5, 4, 7, 4, 4]), 8)
+    >>> v.tolist(), i.tolist()
+    ([0, 0, 0, 1, 1], [4, 5, 7, 4, 4])
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    known = ids != S.UNK_ID
+    key = visit * width + ids
+    if len(visit) and not ((np.diff(visit) >= 0).all() and (np.diff(key[known]) > 0).all()):
+        key = np.sort(key)
+        return key // width, (key % width).astype(np.int32)
+    n_visits = int(visit.max()) + 1 if len(visit) else 0
+    first = np.cumsum(np.bincount(visit, minlength=n_visits)) - np.bincount(visit, minlength=n_visits)
+    unk = ~known
+    n_unk = np.bincount(visit[unk], minlength=n_visits)
+    unk_so_far = np.cumsum(unk)
+    unk_before = (np.cumsum(n_unk) - n_unk)[visit]  # [UNK]s in earlier visits
+    in_visit = np.arange(len(visit)) - first[visit]
+    rank = np.where(unk, unk_so_far - 1 - unk_before, n_unk[visit] + in_visit - (unk_so_far - unk_before))
+    out = np.empty(len(ids), dtype=np.int32)
+    out[first[visit] + rank] = ids
+    return visit, out
