@@ -3,20 +3,14 @@
 Values are converted by the *declared* field type, never guessed: ``etl.code_truncate=3`` becomes the int 3,
 while a ``str`` field given ``250`` stays the string ``"250"``. Unknown keys stop with a "did you mean".
 
->>> from dataclasses import dataclass, field
->>> @dataclass
-... class Inner:
-...     width: int = 2
-...     name: str = "x"
->>> @dataclass
-... class Outer:
-...     inner: Inner = field(default_factory=Inner)
->>> build(Outer, {"inner": {"width": "5"}}, ["inner.name=250"]).inner
-Inner(width=5, name='250')
->>> build(Outer, {}, ["inner.widht=3"])
+>>> from behrt_rope.etl.config import EtlConfig
+>>> cfg = build(EtlConfig, {"split": {"salt": "x"}}, ["code_truncate=3", "split.salt=250"])
+>>> cfg.code_truncate, cfg.split.salt
+(3, '250')
+>>> build(EtlConfig, {}, ["split.sallt=3"])
 Traceback (most recent call last):
 ...
-behrt_rope.config.ConfigError: unknown config key 'inner.widht' (did you mean 'inner.width'?)
+behrt_rope.config.ConfigError: unknown config key 'split.sallt' (did you mean 'split.salt'?)
 """
 
 from __future__ import annotations

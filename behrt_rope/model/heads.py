@@ -10,8 +10,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from behrt_rope.model.config import ModelConfig
+from behrt_rope.model.attention import visit_causal_mask
 from behrt_rope.model.encoder import BehrtEncoder, init_weights
-from behrt_rope.schema import PAD_ID
+from behrt_rope.schema import N_SPECIAL, PAD_ID
 
 IGNORE_INDEX = -100
 """Label of the tokens that the MLM loss skips (PyTorch's ``cross_entropy`` default)."""
@@ -103,17 +104,35 @@ class BehrtForMultiLabel(nn.Module):
         self.pooling = pooling
         self.encoder = BehrtEncoder(config)
         self.drop = nn.Dropout(config.dropout)
-        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        pooled_size = 3 * config.hidden_size if pooling == "visit" else config.hidden_size
+        # raw code embeddings are tiny at init (std 0.02): normalise their mean to the hidden states' scale
+        self.code_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if pooling == "visit" else None
+        self.classifier = nn.Linear(pooled_size, num_labels)
         self.classifier.apply(init_weights)
 
-    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor, score_at: torch.Tensor | None = None
-             ) -> torch.Tensor:
-        """``hidden`` ``(B, T, H)``, ``attention_mask`` ``(B, T)`` bool -> ``(B, H)``, or ``(N, H)`` at the
-        ``N`` positions of ``score_at`` (row-major order) for ``"visit"`` pooling."""
+    def pool(
+        self,
+        hidden: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_ids: torch.Tensor,
+        visit_index: torch.Tensor,
+        score_at: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``hidden`` ``(B, T, H)``, ``attention_mask`` ``(B, T)`` bool -> ``(B, H)``; or, for ``"visit"``
+        pooling, ``(N, 3H)`` at the ``N`` positions of ``score_at`` (row-major order): the [SEP] state, the
+        mean state of every token up to that visit, and the mean input embedding of the codes up to that
+        visit (a direct path to which codes were seen, the signal a bag-of-codes model lives on)."""
         if self.pooling == "visit":
             if score_at is None:
                 raise ValueError("visit pooling needs score_at: the [SEP] positions to score")
-            return hidden[score_at]  # (N, H)
+            seen = visit_causal_mask(visit_index, attention_mask)[:, 0].to(hidden.dtype)  # (B, T, T)
+            history_mean = (seen @ hidden) / seen.sum(-1, keepdim=True).clamp(min=1.0)  # (B, T, H)
+            seen_codes = seen * (token_ids >= N_SPECIAL)[:, None, :].to(hidden.dtype)  # (B, T, T)
+            codes = self.encoder.embeddings.code(token_ids).to(hidden.dtype)  # (B, T, H)
+            code_mean = (seen_codes @ codes) / seen_codes.sum(-1, keepdim=True).clamp(min=1.0)  # (B, T, H)
+            assert self.code_norm is not None
+            code_mean = self.code_norm(code_mean[score_at])  # (N, H)
+            return torch.cat([hidden[score_at], history_mean[score_at], code_mean], dim=-1)  # (N, 3H)
         if self.pooling == "cls":
             return hidden[:, 0]  # (B, H)
         weights = attention_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
@@ -135,7 +154,7 @@ class BehrtForMultiLabel(nn.Module):
             attention_mask = token_ids != PAD_ID
         visit_causal = self.pooling == "visit"
         hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, visit_causal)  # (B, T, H)
-        return self.classifier(self.drop(self.pool(hidden, attention_mask, score_at)))
+        return self.classifier(self.drop(self.pool(hidden, attention_mask, token_ids, visit_index, score_at)))
 
 
 def multilabel_loss(
