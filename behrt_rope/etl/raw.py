@@ -54,13 +54,13 @@ def patients_frame(
     n = len(patient_id)
     return pd.DataFrame(
         {
-            S.PATIENT_ID: np.asarray(patient_id, dtype=object),
+            S.PATIENT_ID: _text(patient_id),
             S.BIRTH_DATE: np.asarray(birth, dtype="datetime64[us]"),
             S.DEATH_DATE: np.full(n, np.datetime64("NaT"), "datetime64[us]") if death is None
             else np.asarray(death, dtype="datetime64[us]"),
-            S.BIRTH_RAW: np.asarray(birth_raw, dtype=object),
-            S.DEATH_RAW: np.full(n, "", dtype=object) if death_raw is None else np.asarray(death_raw, dtype=object),
-            S.SOURCE_TABLE: np.full(n, source_table, dtype=object),
+            S.BIRTH_RAW: _text(birth_raw),
+            S.DEATH_RAW: np.full(n, "", dtype=object) if death_raw is None else _text(death_raw),
+            S.SOURCE_TABLE: _constant(source_table, n),
             S.SOURCE_ROW: np.asarray(source_row, dtype=np.int64),
         }
     )
@@ -81,16 +81,30 @@ def events_frame(
     blank = np.full(n, "", dtype=object)
     return pd.DataFrame(
         {
-            S.PATIENT_ID: np.asarray(patient_id, dtype=object),
+            S.PATIENT_ID: _text(patient_id),
             S.TIME: np.asarray(time, dtype="datetime64[us]"),
-            S.TIME_RAW: np.asarray(time_raw, dtype=object),
-            S.CODE: np.asarray(code, dtype=object),
-            S.CODE_SYSTEM: blank if code_system is None else np.asarray(code_system, dtype=object),
-            S.VISIT_ID: blank.copy() if visit_id is None else np.asarray(visit_id, dtype=object),
-            S.SOURCE_TABLE: np.full(n, source_table, dtype=object),
+            S.TIME_RAW: _text(time_raw),
+            S.CODE: _text(code),
+            S.CODE_SYSTEM: blank if code_system is None else _text(code_system),
+            S.VISIT_ID: blank.copy() if visit_id is None else _text(visit_id),
+            S.SOURCE_TABLE: _constant(source_table, n),
             S.SOURCE_ROW: np.asarray(source_row, dtype=np.int64),
         }
     )
+
+
+def _text(values: object) -> object:
+    """Text columns pass through as they are when already an Arrow-backed pandas array (no per-value
+    conversion); anything else becomes an object array."""
+    if isinstance(values, pd.api.extensions.ExtensionArray):
+        return values
+    return np.asarray(values, dtype=object)
+
+
+def _constant(value: str, n: int) -> pd.Categorical:
+    """``n`` copies of one string, stored once."""
+    return pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[value]) if n else \
+        pd.Categorical([], categories=[value])
 
 
 def concat(frames: list[pd.DataFrame], columns: tuple[str, ...]) -> pd.DataFrame:

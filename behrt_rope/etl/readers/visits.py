@@ -21,37 +21,37 @@ def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) 
     rows_read: dict[str, int] = {}
     patients, id_types = [], set()
     for path, batch, first_row in _batches(input_dir, S.PATIENTS_TABLE, config):
-        ids = io.to_text(batch[S.PATIENT_ID])
+        ids = io.text_array(batch[S.PATIENT_ID])
         id_types.add("int64" if pa.types.is_integer(batch[S.PATIENT_ID].type) else "string")
         keep = shard_of(ids, n_shards) == shard
         birth = io.parse_times(batch[S.BIRTH_DATE])
         io.check_parse_rate(path, S.BIRTH_DATE, batch[S.BIRTH_DATE], birth, config.max_invalid_fraction)
         death, death_raw = None, None
         if S.DEATH_DATE in batch.column_names:
-            death, death_raw = io.parse_times(batch[S.DEATH_DATE]), io.to_text(batch[S.DEATH_DATE])
+            death, death_raw = io.parse_times(batch[S.DEATH_DATE]), io.text_array(batch[S.DEATH_DATE])
             io.check_parse_rate(path, S.DEATH_DATE, batch[S.DEATH_DATE], death, config.max_invalid_fraction)
         name = _name(input_dir, path)
         rows_read[name] = rows_read.get(name, 0) + int(keep.sum())
         rows = first_row + np.arange(batch.num_rows)
         patients.append(
             patients_frame(
-                ids[keep], birth[keep], io.to_text(batch[S.BIRTH_DATE])[keep],
+                ids[keep], birth[keep], io.text_array(batch[S.BIRTH_DATE])[keep],
                 None if death is None else death[keep], None if death_raw is None else death_raw[keep],
                 name, rows[keep],
             )
         )
     events = []
     for path, batch, first_row in _batches(input_dir, S.EVENTS_TABLE, config):
-        ids = io.to_text(batch[S.PATIENT_ID])
+        ids = io.text_array(batch[S.PATIENT_ID])
         keep = shard_of(ids, n_shards) == shard
         time = io.parse_times(batch[S.DATE])
         io.check_parse_rate(path, S.DATE, batch[S.DATE], time, config.max_invalid_fraction)
-        optional = {c: io.to_text(batch[c])[keep] for c in (S.CODE_SYSTEM, S.VISIT_ID) if c in batch.column_names}
+        optional = {c: io.text_array(batch[c])[keep] for c in (S.CODE_SYSTEM, S.VISIT_ID) if c in batch.column_names}
         name = _name(input_dir, path)
         rows_read[name] = rows_read.get(name, 0) + int(keep.sum())
         events.append(
             events_frame(
-                ids[keep], time[keep], io.to_text(batch[S.DATE])[keep], io.to_text(batch[S.CODE])[keep],
+                ids[keep], time[keep], io.text_array(batch[S.DATE])[keep], io.text_array(batch[S.CODE])[keep],
                 optional.get(S.CODE_SYSTEM), optional.get(S.VISIT_ID), name,
                 (first_row + np.arange(batch.num_rows))[keep],
             )
