@@ -61,7 +61,7 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     """Used only without --pretrained (a pre-trained encoder brings its own configuration)."""
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(learning_rate=3e-4, max_epochs=15))
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=10))
 
 
 @dataclass

@@ -77,6 +77,26 @@ class BehrtForMaskedLM(nn.Module):
         return MaskedLMOutput(loss=loss, logits=logits, labels=targets)
 
 
+def history_code_counts(token_ids: torch.Tensor, score_at: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``(N, V)`` counts of each code id among the tokens up to each scored position (row-major order).
+
+    The stream is ordered by visit, so "up to and including the [SEP] of visit k" is a prefix of the row.
+    Special tokens are not counted. Cost O(N T) time and O(N V) memory.
+
+    >>> history_code_counts(torch.tensor([[1, 5, 5, 2, 6, 2]]), torch.tensor([[0, 0, 0, 1, 0, 1]]) > 0, 8)
+    tensor([[0., 0., 0., 0., 0., 2., 0., 0.],
+            [0., 0., 0., 0., 0., 2., 1., 0.]])
+    """
+    rows, positions = score_at.nonzero(as_tuple=True)  # (N,), (N,)
+    tokens = token_ids[rows]  # (N, T)
+    T = token_ids.shape[1]
+    in_history = (torch.arange(T, device=token_ids.device)[None, :] <= positions[:, None]) & (tokens >= N_SPECIAL)
+    sample, position = in_history.nonzero(as_tuple=True)  # one entry per counted token
+    counts = torch.zeros(len(rows), vocab_size, device=token_ids.device)
+    ones = torch.ones(len(sample), device=token_ids.device)
+    return counts.index_put_((sample, tokens[sample, position]), ones, accumulate=True)
+
+
 class BehrtForMultiLabel(nn.Module):
     """Encoder + pooling + dropout + linear: one logit per label (e.g. diagnoses in the next visit).
 
@@ -85,9 +105,13 @@ class BehrtForMultiLabel(nn.Module):
     * ``"visit"`` (default): the encoder runs visit-causally (tokens see only their own and earlier visits)
       and the state of a visit's [SEP] summarises the history up to and including that visit. One pass over
       a patient scores every prediction time at once: pass ``score_at`` (B, T) bool marking the [SEP]
-      tokens to score.
+      tokens to score. The classifier reads the [SEP] state, the mean state of the history and the
+      Time2Vec features of the age at that visit; a *wide* linear path (Cheng et al., 2016, "Wide & Deep")
+      adds a logit from log(1 + count) of every code seen so far. That path starts at zero and gives the
+      model directly what a bag-of-codes regression sees, so the transformer spends its capacity on order
+      and timing instead of re-learning which codes were present.
     * ``"cls"``: the ``[CLS]`` state (position 0) of a bidirectional pass over the input (one prediction
-      time per sequence, the input cut at it).
+      time per sequence, the input cut at it), as BEHRT did.
     * ``"mean"``: the mean of the real tokens' states of a bidirectional pass.
     """
 
@@ -104,35 +128,32 @@ class BehrtForMultiLabel(nn.Module):
         self.pooling = pooling
         self.encoder = BehrtEncoder(config)
         self.drop = nn.Dropout(config.dropout)
-        pooled_size = 3 * config.hidden_size if pooling == "visit" else config.hidden_size
-        # raw code embeddings are tiny at init (std 0.02): normalise their mean to the hidden states' scale
-        self.code_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if pooling == "visit" else None
+        visit = pooling == "visit"
+        pooled_size = 2 * config.hidden_size + config.time2vec_periodic + 1 if visit else config.hidden_size
         self.classifier = nn.Linear(pooled_size, num_labels)
         self.classifier.apply(init_weights)
+        self.wide = nn.Linear(config.vocab_size, num_labels, bias=False) if visit else None
+        if self.wide is not None:
+            nn.init.zeros_(self.wide.weight)
 
     def pool(
         self,
         hidden: torch.Tensor,
         attention_mask: torch.Tensor,
-        token_ids: torch.Tensor,
         visit_index: torch.Tensor,
+        ages: torch.Tensor,
         score_at: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``hidden`` ``(B, T, H)``, ``attention_mask`` ``(B, T)`` bool -> ``(B, H)``; or, for ``"visit"``
-        pooling, ``(N, 3H)`` at the ``N`` positions of ``score_at`` (row-major order): the [SEP] state, the
-        mean state of every token up to that visit, and the mean input embedding of the codes up to that
-        visit (a direct path to which codes were seen, the signal a bag-of-codes model lives on)."""
+        pooling, ``(N, 2H + k + 1)`` at the ``N`` positions of ``score_at`` (row-major order): the [SEP]
+        state, the mean state of every token up to that visit and the Time2Vec features of its age."""
         if self.pooling == "visit":
             if score_at is None:
                 raise ValueError("visit pooling needs score_at: the [SEP] positions to score")
             seen = visit_causal_mask(visit_index, attention_mask)[:, 0].to(hidden.dtype)  # (B, T, T)
             history_mean = (seen @ hidden) / seen.sum(-1, keepdim=True).clamp(min=1.0)  # (B, T, H)
-            seen_codes = seen * (token_ids >= N_SPECIAL)[:, None, :].to(hidden.dtype)  # (B, T, T)
-            codes = self.encoder.embeddings.code(token_ids).to(hidden.dtype)  # (B, T, H)
-            code_mean = (seen_codes @ codes) / seen_codes.sum(-1, keepdim=True).clamp(min=1.0)  # (B, T, H)
-            assert self.code_norm is not None
-            code_mean = self.code_norm(code_mean[score_at])  # (N, H)
-            return torch.cat([hidden[score_at], history_mean[score_at], code_mean], dim=-1)  # (N, 3H)
+            age = self.encoder.embeddings.age.features(ages[score_at]).to(hidden.dtype)  # (N, k + 1)
+            return torch.cat([hidden[score_at], history_mean[score_at], age], dim=-1)  # (N, 2H + k + 1)
         if self.pooling == "cls":
             return hidden[:, 0]  # (B, H)
         weights = attention_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
@@ -154,7 +175,11 @@ class BehrtForMultiLabel(nn.Module):
             attention_mask = token_ids != PAD_ID
         visit_causal = self.pooling == "visit"
         hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, visit_causal)  # (B, T, H)
-        return self.classifier(self.drop(self.pool(hidden, attention_mask, token_ids, visit_index, score_at)))
+        logits = self.classifier(self.drop(self.pool(hidden, attention_mask, visit_index, ages, score_at)))
+        if self.wide is not None and score_at is not None:
+            counts = history_code_counts(token_ids, score_at, self.config.vocab_size)  # (N, V)
+            logits = logits + self.wide(torch.log1p(counts).to(logits.dtype))  # (N, L)
+        return logits
 
 
 def multilabel_loss(

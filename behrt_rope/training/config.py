@@ -10,16 +10,18 @@ from typing import Literal
 class TrainerConfig:
     """What the Lightning trainer does; the same for ``pretrain`` and ``finetune``."""
 
-    max_epochs: int = 10
+    max_epochs: int = 8
     """Passes over the train split."""
     max_steps: int = -1
     """Stop after this many optimizer steps (-1: no limit)."""
-    batch_size: int = 64
-    """Sequences per batch (per device)."""
-    learning_rate: float = 5e-4
+    batch_size: int = 32
+    """Sequences (patients) per batch (per device)."""
+    learning_rate: float = 1e-3
     """Peak learning rate of AdamW, reached after the warm-up."""
+    wide_lr_scale: float = 10.0
+    """Learning-rate multiplier of the fine-tuning head's wide (bag-of-codes) linear path."""
     weight_decay: float = 0.01
-    """AdamW weight decay (not applied to biases, norms and embeddings' biases)."""
+    """AdamW weight decay of linear layers' weight matrices (not of biases, norms or embedding tables)."""
     warmup_fraction: float = 0.1
     """Share of all steps spent warming the learning rate up linearly from 0."""
     schedule: Literal["linear", "cosine"] = "linear"

@@ -9,15 +9,39 @@ import torch
 from behrt_rope.training.config import TrainerConfig
 
 
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Decay 2-D weights (linear layers); leave biases, norms and Time2Vec's scalars alone."""
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        is_matrix = param.ndim >= 2 and "embedding" not in name.lower()
-        (decay if is_matrix else no_decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+def parameter_groups(
+    model: torch.nn.Module, weight_decay: float, lr: float = 1e-3, lr_scales: dict[str, float] | None = None
+) -> list[dict]:
+    """Decay the weight matrices of linear layers only; leave biases, LayerNorms, embedding tables (the code
+    embedding doubles as the tied MLM decoder) and Time2Vec's frequencies and phases alone.
+
+    Chosen by module type, not by parameter name: a name test such as ``"embedding" in name`` would also
+    exempt the Time2Vec projection, a linear layer that lives under ``embeddings``.
+
+    ``lr_scales`` maps a submodule name (e.g. ``"wide"``) to a learning-rate multiplier for its parameters:
+    a zero-initialised linear readout of code counts needs weights of order 1, far beyond what Adam's
+    ~``lr``-sized steps reach in a few hundred steps at the encoder's rate.
+
+    >>> groups = parameter_groups(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.LayerNorm(3)), 0.1)
+    >>> [[tuple(p.shape) for p in g["params"]] for g in groups]
+    [[(3, 2)], [(3,), (3,), (3,)]]
+    """
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    scale_of = {}
+    for name, module in model.named_modules():
+        scale = (lr_scales or {}).get(name.rsplit(".", 1)[-1])
+        if scale is not None:
+            scale_of.update({id(p): scale for p in module.parameters()})
+    groups: dict[tuple[bool, float], list[torch.nn.Parameter]] = {}
+    for param in model.parameters():  # each parameter once, even when shared (tied)
+        if param.requires_grad:
+            key = (id(param) in linear_weights, scale_of.get(id(param), 1.0))
+            groups.setdefault(key, []).append(param)
+    ordered = sorted(groups.items(), key=lambda item: (not item[0][0], item[0][1]))
+    return [
+        {"params": params, "weight_decay": weight_decay if decays else 0.0, "lr": lr * scale}
+        for (decays, scale), params in ordered
+    ]
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
@@ -38,7 +62,8 @@ def build_optimizer(
     model: torch.nn.Module, cfg: TrainerConfig, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """The optimizer and a per-step scheduler for ``total_steps`` optimizer steps."""
-    optimizer = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.learning_rate)
+    groups = parameter_groups(model, cfg.weight_decay, cfg.learning_rate, {"wide": cfg.wide_lr_scale})
+    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate)
     warmup = max(1, int(cfg.warmup_fraction * total_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, total_steps, warmup, cfg.schedule)
