@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.attention import visit_causal_mask
+from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.encoder import BehrtEncoder, init_weights
 from behrt_rope.schema import N_SPECIAL, PAD_ID
 
