@@ -7,6 +7,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
 
@@ -69,11 +70,11 @@ def run(config: Config) -> Path:
         started = time.perf_counter()
         trainer.fit(task, train_loader, val_loader, ckpt_path=resume_path(config.resume, out))
         seconds = time.perf_counter() - started
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""  # type: ignore[union-attr]
+        best = str(getattr(trainer.checkpoint_callback, "best_model_path", "") or "")
         if best:
             task = MaskedLMTask.load_from_checkpoint(best, model_config=model_config, trainer_config=tc,
                                                      weights_only=False)
-        metrics = _evaluate(trainer, task, val_loader)
+        metrics: dict[str, Any] = dict(_evaluate(trainer, task, val_loader))
         if trainer.is_global_zero:
             metrics.update(
                 epochs=trainer.current_epoch, steps=trainer.global_step, train_seconds=round(seconds, 1),

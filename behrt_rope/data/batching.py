@@ -20,7 +20,9 @@ def pad_batch(items: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]
     """Stack variable-length items into padded tensors (B, T), T = longest item in the batch.
 
     Returns token_ids/segments/visit_index (long), ages (float32, years) and attention_mask (bool, True on
-    real tokens); padding uses ``S.PAD_ID`` and zeros.
+    real tokens); padding uses ``S.PAD_ID`` and zeros. When the items carry their dataset ``index`` (as
+    :class:`~behrt_rope.data.datasets.PatientDataset` items do), ``index`` (B,) long comes along too: it
+    identifies a batch, e.g. to drop the batches that DDP sharding repeats from validation metrics.
 
     >>> b = pad_batch([{f: np.arange(3) for f in FIELDS}, {f: np.arange(1) for f in FIELDS}])
     >>> b["token_ids"].tolist(), b["attention_mask"].sum(1).tolist()
@@ -37,14 +39,16 @@ def pad_batch(items: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]
         batch[name] = torch.from_numpy(out)
     lengths = torch.tensor([len(item["token_ids"]) for item in items])
     batch["attention_mask"] = torch.arange(longest)[None, :] < lengths[:, None]
+    if all("index" in item for item in items):
+        batch["index"] = torch.tensor([int(item["index"]) for item in items], dtype=torch.long)
     return batch
 
 
 def padding_share(lengths: np.ndarray, batches: list[np.ndarray]) -> float:
     """Share of padded positions over the given batches (each an array of item indices).
 
-    >>> padding_share(np.array([1, 3, 2, 2]), [np.array([0, 1]), np.array([2, 3])])
-    0.25
+    >>> round(padding_share(np.array([1, 3, 2, 2]), [np.array([0, 1]), np.array([2, 3])]), 4)  # 1 - 8/10
+    0.2
     """
     real = sum(int(lengths[b].sum()) for b in batches)
     padded = sum(int(lengths[b].max()) * len(b) for b in batches if len(b))
@@ -55,7 +59,8 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Batches of indices grouped by length; shuffled per epoch; shards batches across DDP ranks.
 
     Lightning calls ``set_epoch`` each epoch. Under DDP every rank gets the same number of batches (the
-    list is padded by repeating batches), so no rank waits for another at the end of an epoch.
+    list is padded by repeating batches, cyclically), so no rank waits for another at the end of an epoch.
+    A repeated batch is an exact copy (same indices), so evaluation can recognise and drop it.
     """
 
     def __init__(
@@ -92,7 +97,8 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         if world == 1:
             return batches
         per_rank = -(-len(batches) // world)
-        batches = batches + batches[: per_rank * world - len(batches)]
+        # cyclic, so that even fewer batches than ranks give every rank per_rank batches
+        batches = [batches[i % len(batches)] for i in range(per_rank * world)]
         return batches[rank::world]
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -105,6 +111,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
 
 
 def _world() -> tuple[int, int]:
+    """(world size, rank) of the default process group; (1, 0) outside DDP."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_world_size(), torch.distributed.get_rank()
     return 1, 0

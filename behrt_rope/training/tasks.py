@@ -11,6 +11,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from sklearn.metrics import average_precision_score
+from torch.nn import functional as F
 
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.heads import BehrtForMaskedLM, BehrtForMultiLabel, multilabel_loss
@@ -72,11 +73,14 @@ class _Task(pl.LightningModule):
         """
         if self.trainer.world_size == 1:
             return rows
-        counts = self.all_gather(torch.tensor(len(rows), device=rows.device)).reshape(-1)  # (world,)
+        counts = self.all_gather(torch.tensor(len(rows), device=rows.device))
+        assert isinstance(counts, torch.Tensor)
+        counts = counts.reshape(-1)  # (world,)
         longest = int(counts.max())
         padded = rows.new_zeros((longest, *rows.shape[1:]))
         padded[: len(rows)] = rows
         gathered = self.all_gather(padded)  # (world, longest, ...)
+        assert isinstance(gathered, torch.Tensor)
         return torch.cat([gathered[r, : int(n)] for r, n in enumerate(counts.tolist())])
 
     def _count_padding(self, batch: dict[str, torch.Tensor]) -> None:
@@ -133,12 +137,14 @@ class MaskedLMTask(_Task):
 class MultiLabelTask(_Task):
     """Multi-label diagnosis prediction with BCE; validation reports loss and macro average precision."""
 
+    pos_weight: torch.Tensor | None  # (L,) buffer, or None
+
     def __init__(
         self,
         model_config: ModelConfig,
         trainer_config: TrainerConfig,
         num_labels: int,
-        pooling: str = "cls",
+        pooling: str = "visit",
         pos_weight: list[float] | None = None,
     ) -> None:
         super().__init__(model_config, trainer_config)
@@ -146,12 +152,11 @@ class MultiLabelTask(_Task):
         self.register_buffer(
             "pos_weight", torch.tensor(pos_weight, dtype=torch.float32) if pos_weight is not None else None
         )
-        self._scores: list[torch.Tensor] = []
-        self._targets: list[torch.Tensor] = []
-        self._keys: list[torch.Tensor] = []
+        self._rows: list[torch.Tensor] = []  # validation, per sample (see validation_step)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.model(**model_inputs(batch))
+        """Logits (B, L), or (N, L) at the batch's ``score_at`` positions with visit pooling."""
+        return self.model(**model_inputs(batch), score_at=batch.get("score_at"))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = multilabel_loss(self(batch), batch["targets"], self.pos_weight)
@@ -160,28 +165,27 @@ class MultiLabelTask(_Task):
         return loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        logits = self(batch)
-        loss = multilabel_loss(logits, batch["targets"], self.pos_weight)
-        self.log("val/loss", loss, batch_size=batch["token_ids"].shape[0], sync_dist=True)
-        self._scores.append(torch.sigmoid(logits.float()).detach())
-        self._targets.append(batch["targets"].detach().float())
-        self._keys.append(torch.full((len(logits),), batch_key(batch), device=logits.device))
+        """Per sample: [batch key, rank, batch number, loss, L probabilities, L targets]."""
+        logits = self(batch).float()  # (B, L)
+        targets = batch["targets"].float()  # (B, L)
+        weight = None if self.pos_weight is None else self.pos_weight.float()
+        # per-sample mean over labels; the mean of these is multilabel_loss (every sample has L terms)
+        losses = F.binary_cross_entropy_with_logits(logits, targets, pos_weight=weight, reduction="none").mean(1)
+        ident = torch.tensor([batch_key(batch), float(self.global_rank), float(len(self._rows))], device=logits.device)
+        self._rows.append(torch.cat([ident.expand(len(logits), 3), losses[:, None], torch.sigmoid(logits), targets],
+                                    dim=1).detach())
 
     def on_validation_epoch_end(self) -> None:
-        """Macro AP over every rank's samples; ranks may hold different counts, repeated batches count once."""
+        """Loss and macro AP over every rank's samples, each sample once (DDP repeats dropped)."""
         labels = self.model.num_labels
-        empty = torch.zeros(0, labels, device=self.device)
-        scores = torch.cat(self._scores) if self._scores else empty  # (n, L)
-        targets = torch.cat(self._targets) if self._targets else empty  # (n, L)
-        keys = torch.cat(self._keys) if self._keys else torch.zeros(0, device=self.device)  # (n,)
-        self._scores.clear()
-        self._targets.clear()
-        self._keys.clear()
-        rows = self._gather_rows(torch.cat([keys[:, None], scores, targets], dim=1))  # (N, 1 + 2L)
-        rows = rows[_first_rows_of_batches(rows[:, 0])]
+        rows = torch.cat(self._rows) if self._rows else torch.zeros(0, 4 + 2 * labels, device=self.device)
+        self._rows.clear()
+        rows = self._gather_rows(rows)  # (N, 4 + 2L), identical on every rank
+        rows = rows[_first_rows_of_batches(rows[:, 0], rows[:, 1:3])]
         if not len(rows):
             return
-        scores, targets = rows[:, 1 : 1 + labels], rows[:, 1 + labels :]
+        scores, targets = rows[:, 4 : 4 + labels], rows[:, 4 + labels :]
+        self.log("val/loss", rows[:, 3].mean(), sync_dist=True)
         self.log("val/macro_ap", macro_average_precision(targets.cpu().numpy(), scores.cpu().numpy()),
                  prog_bar=True, sync_dist=True)
 
@@ -189,21 +193,22 @@ class MultiLabelTask(_Task):
         return torch.sigmoid(self(batch).float())
 
 
-def _first_rows_of_batches(keys: torch.Tensor) -> torch.Tensor:
-    """Bool mask over per-sample batch keys ``(N,)``: drop the samples of a batch seen before (a DDP repeat).
+def _first_rows_of_batches(keys: torch.Tensor, batches: torch.Tensor) -> torch.Tensor:
+    """Bool mask over samples: drop every sample of a batch whose key was seen before (a DDP repeat).
 
-    A batch's samples are consecutive and share its key; negative keys (no index) are always kept.
+    ``keys`` ``(N,)``: each sample's batch key (negative: no index, always kept); ``batches`` ``(N, k)``:
+    which processed batch each sample came from (e.g. rank and step); a batch's samples are consecutive.
 
-    >>> _first_rows_of_batches(torch.tensor([0.0, 0.0, 4.0, 0.0, 0.0])).tolist()
+    >>> keys = torch.tensor([0.0, 0.0, 4.0, 0.0, 0.0])
+    >>> _first_rows_of_batches(keys, torch.tensor([[0.0], [0.0], [1.0], [2.0], [2.0]])).tolist()
     [True, True, True, False, False]
     """
     if not len(keys):
         return torch.zeros(0, dtype=torch.bool, device=keys.device)
     starts = torch.ones(len(keys), dtype=torch.bool, device=keys.device)
-    starts[1:] = keys[1:] != keys[:-1]  # (N,): first sample of each run of one batch
-    run = torch.cumsum(starts.long(), 0) - 1  # (N,): run number of each sample
-    keep_run = first_occurrences(keys[starts])  # (runs,)
-    return keep_run[run]
+    starts[1:] = (batches[1:] != batches[:-1]).any(dim=-1)  # (N,): first sample of each processed batch
+    run = torch.cumsum(starts.long(), 0) - 1  # (N,): processed-batch number of each sample
+    return first_occurrences(keys[starts])[run]
 
 
 def macro_average_precision(y_true: np.ndarray, y_score: np.ndarray) -> float:
