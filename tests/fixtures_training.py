@@ -1,0 +1,57 @@
+"""Helpers shared by the training tests: a tiny synthetic cohort through the real ETL, and tiny CLI settings.
+
+Plain functions, not fixtures: each test module wraps them in the (module-scoped) fixtures it needs, so no
+conftest is involved and nothing here runs unless a test asks for it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from behrt_rope import schema as S
+from behrt_rope.cli import main
+from synthetic_data.generator import SynthConfig, generate
+
+TINY_MODEL = (
+    "model.hidden_size=16",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.intermediate_size=32",
+    "model.time2vec_periodic=4",
+)
+"""A model small enough that a pre-training epoch on the tiny cohort takes well under a second."""
+
+FAST_TRAINER = ("trainer.batch_size=32", "trainer.progress_bar=false", "trainer.log_every_n_steps=1")
+
+
+def write_cohort(raw_dir: Path, patients: int, seed: int = 0) -> Path:
+    """A seeded synthetic cohort in the visits format (CSV) in ``raw_dir``."""
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    patients_df, events_df = generate(SynthConfig(patients=patients, seed=seed))
+    patients_df.to_csv(raw_dir / f"{S.PATIENTS_TABLE}.csv", index=False)
+    events_df.to_csv(raw_dir / f"{S.EVENTS_TABLE}.csv", index=False)
+    return raw_dir
+
+
+def build_etl(root: Path, patients: int = 160, seed: int = 0) -> Path:
+    """Cohort + ``behrt-rope etl`` into ``root/etl``; returns the ETL output directory."""
+    raw = write_cohort(root / "raw", patients, seed)
+    etl = root / "etl"
+    status = main(["etl", "--input", str(raw), "--out", str(etl), "progress=false"])
+    assert status == 0, "the ETL of the synthetic cohort failed"
+    return etl
+
+
+def pretrain_argv(data: Path, out: Path, *overrides: str, max_epochs: int = 1) -> list[str]:
+    """``behrt-rope pretrain`` arguments with the tiny model and quiet, fast trainer settings."""
+    return [
+        "pretrain", "--data", str(data), "--out", str(out), "--max-epochs", str(max_epochs),
+        *TINY_MODEL, *FAST_TRAINER, *overrides,
+    ]
+
+
+def read_metrics(out: Path) -> dict[str, Any]:
+    """A stage's ``metrics.json``."""
+    return json.loads((out / S.METRICS_FILE).read_text())
