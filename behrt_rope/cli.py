@@ -124,11 +124,16 @@ def build_parser(detail: str | None = None) -> argparse.ArgumentParser:
         epilog = None
         if name == detail:
             module = _load_pipeline(name)
-            epilog = "not built yet in this version" if module is None else (
-                "config keys (set with key=value):\n" + "\n".join(config_lib.describe(module.Config))
+            epilog = (
+                "not built yet in this version"
+                if module is None
+                else ("config keys (set with key=value):\n" + "\n".join(config_lib.describe(module.Config)))
             )
         p = sub.add_parser(
-            name, help=command.summary, description=command.summary, epilog=epilog,
+            name,
+            help=command.summary,
+            description=command.summary,
+            epilog=epilog,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         for flag in command.flags:

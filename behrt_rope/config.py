@@ -125,7 +125,8 @@ def describe(cls: type, prefix: str = "") -> list[str]:
         if dataclasses.is_dataclass(tp):
             lines.extend(describe(tp, key + "."))  # type: ignore[arg-type]
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        factory: Any = f.default_factory
+        default = f.default if f.default is not dataclasses.MISSING else factory()
         lines.append(f"  {key} = {default!r}  ({_type_name(tp)}) {helps.get(f.name, '')}".rstrip())
     return lines
 

@@ -52,9 +52,18 @@ def build_model_dir(root: Path, patients: int, seed: int) -> tuple[Path, Path]:
     labels = list(range(S.N_SPECIAL, S.N_SPECIAL + N_LABELS))
     model_dir = root / "model"
     model_dir.mkdir()
-    save_bundle(model_dir / S.MODEL_FILE, "multilabel", config, model.state_dict(), vocab=vocab,
-                label_token_ids=labels, labels=[vocab[i] for i in labels], task={"name": "next_visit"},
-                pooling=model.pooling, etl_settings={"etl": {"format": "visits", "code_truncate": 3}})
+    save_bundle(
+        model_dir / S.MODEL_FILE,
+        "multilabel",
+        config,
+        model.state_dict(),
+        vocab=vocab,
+        label_token_ids=labels,
+        labels=[vocab[i] for i in labels],
+        task={"name": "next_visit"},
+        pooling=model.pooling,
+        etl_settings={"etl": {"format": "visits", "code_truncate": 3}},
+    )
     return raw, model_dir
 
 
@@ -90,8 +99,14 @@ def main() -> None:
         subset = seqs.select(np.arange(min(args.baseline_patients, len(seqs))))
         one_by_one = time_it(lambda: score(model, subset, batch_size=1, device=device), 1)
         out = root / "pred.parquet"
-        config = predict.Config(model=str(model_dir), input=str(raw), out=str(out), device=args.device,
-                                batch_size=args.batch_size, progress=False)
+        config = predict.Config(
+            model=str(model_dir),
+            input=str(raw),
+            out=str(out),
+            device=args.device,
+            batch_size=args.batch_size,
+            progress=False,
+        )
         end_to_end = time_it(lambda: predict.run(config), args.repeat)
     n = len(seqs)
     result = {
@@ -103,15 +118,22 @@ def main() -> None:
         "mean_tokens_per_patient": round(float(seqs.lengths.mean()), 1),
         "model": "default ModelConfig, visit pooling, 80 labels",
         "ours_model_only": {"seconds": round(batched, 3), "patients_per_second": round(n / batched)},
-        "ours_end_to_end": {"seconds": round(end_to_end, 3), "patients_per_second": round(n / end_to_end),
-                            "includes": "read CSV, ETL with the model's settings, scoring, write Parquet"},
+        "ours_end_to_end": {
+            "seconds": round(end_to_end, 3),
+            "patients_per_second": round(n / end_to_end),
+            "includes": "read CSV, ETL with the model's settings, scoring, write Parquet",
+        },
         "baseline_one_patient_per_batch": {
-            "patients": len(subset), "seconds": round(one_by_one, 3),
+            "patients": len(subset),
+            "seconds": round(one_by_one, 3),
             "patients_per_second": round(len(subset) / one_by_one),
         },
     }
-    result["speedup_model_vs_baseline"] = round(result["ours_model_only"]["patients_per_second"]
-                                                / result["baseline_one_patient_per_batch"]["patients_per_second"], 1)
+    result["speedup_model_vs_baseline"] = round(
+        result["ours_model_only"]["patients_per_second"]
+        / result["baseline_one_patient_per_batch"]["patients_per_second"],
+        1,
+    )
     print(json.dumps(result))
 
 

@@ -91,7 +91,9 @@ def make_batches(work: Path, patients: int, batch_size: int, count: int, seed: i
     lengths = np.array([int(b["attention_mask"].sum()) for b in batches])
     slots = np.array([b["attention_mask"].numel() for b in batches])
     return {
-        "patients": patients, "train_patients": len(train), "vocab_size": vocab_size,
+        "patients": patients,
+        "train_patients": len(train),
+        "vocab_size": vocab_size,
         "mean_tokens_per_patient": round(float(train.lengths.mean()), 1),
         "max_tokens_per_patient": int(train.lengths.max()),
         "mean_padded_length": round(float(np.mean([b["token_ids"].shape[1] for b in batches])), 1),
@@ -112,29 +114,50 @@ def build(variant: str, vocab_size: int) -> tuple[Any, Any]:
         model = BehrtForMaskedLM(config)
 
         def loss_of(batch: dict[str, Any]) -> Any:
-            return model(batch["token_ids"], batch["ages"], batch["segments"], batch["visit_index"],
-                         batch["attention_mask"], batch["labels"]).loss
+            return model(
+                batch["token_ids"],
+                batch["ages"],
+                batch["segments"],
+                batch["visit_index"],
+                batch["attention_mask"],
+                batch["labels"],
+            ).loss
 
         return model, loss_of
     from transformers import RoFormerConfig, RoFormerForMaskedLM
 
-    reference = RoFormerForMaskedLM(RoFormerConfig(
-        vocab_size=vocab_size, embedding_size=config.hidden_size, hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-        intermediate_size=config.intermediate_size, hidden_act="gelu", hidden_dropout_prob=config.dropout,
-        attention_probs_dropout_prob=config.attention_dropout, max_position_embeddings=config.max_positions,
-        type_vocab_size=config.num_segments, layer_norm_eps=config.layer_norm_eps, pad_token_id=0,
-    ))
+    reference = RoFormerForMaskedLM(
+        RoFormerConfig(
+            vocab_size=vocab_size,
+            embedding_size=config.hidden_size,
+            hidden_size=config.hidden_size,
+            num_hidden_layers=config.num_layers,
+            num_attention_heads=config.num_heads,
+            intermediate_size=config.intermediate_size,
+            hidden_act="gelu",
+            hidden_dropout_prob=config.dropout,
+            attention_probs_dropout_prob=config.attention_dropout,
+            max_position_embeddings=config.max_positions,
+            type_vocab_size=config.num_segments,
+            layer_norm_eps=config.layer_norm_eps,
+            pad_token_id=0,
+        )
+    )
 
     def reference_loss(batch: dict[str, Any]) -> Any:
-        return reference(input_ids=batch["token_ids"], attention_mask=batch["attention_mask"].long(),
-                         token_type_ids=batch["segments"], labels=batch["labels"]).loss
+        return reference(
+            input_ids=batch["token_ids"],
+            attention_mask=batch["attention_mask"].long(),
+            token_type_ids=batch["segments"],
+            labels=batch["labels"],
+        ).loss
 
     return reference, reference_loss
 
 
-def measure(variant: str, batches_file: Path, steps: int, warmup: int, device_name: str, threads: int,
-            profile: bool) -> dict[str, Any]:
+def measure(
+    variant: str, batches_file: Path, steps: int, warmup: int, device_name: str, threads: int, profile: bool
+) -> dict[str, Any]:
     """Train ``warmup + steps`` steps; the timing, memory and (optionally) profile of the timed ones."""
     import torch
 
@@ -200,8 +223,10 @@ def _profile(step: Any, batches: list[dict[str, Any]], cuda: bool) -> list[str]:
             step(batch)
     key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:10]
-    return [f"{e.key}: {getattr(e, key) / 1000 / len(batches):.2f} ms/step ({e.count // len(batches)} calls)"
-            for e in events]
+    return [
+        f"{e.key}: {getattr(e, key) / 1000 / len(batches):.2f} ms/step ({e.count // len(batches)} calls)"
+        for e in events
+    ]
 
 
 def _max_rss_mb() -> float:
@@ -242,9 +267,21 @@ def main() -> None:
         for _ in range(args.rounds):
             for variant in VARIANTS:
                 command = [
-                    sys.executable, __file__, "--worker", variant, "--batches", str(work / "batches.pt"),
-                    "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", device,
-                    "--threads", str(args.threads), *(["--profile"] if args.profile else []),
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    variant,
+                    "--batches",
+                    str(work / "batches.pt"),
+                    "--steps",
+                    str(args.steps),
+                    "--warmup",
+                    str(args.warmup),
+                    "--device",
+                    device,
+                    "--threads",
+                    str(args.threads),
+                    *(["--profile"] if args.profile else []),
                 ]
                 loads.append(os.getloadavg()[0])
                 done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -270,7 +307,9 @@ def main() -> None:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "batch_size": args.batch_size, "warmup_steps": args.warmup, "timed_steps": args.steps,
+        "batch_size": args.batch_size,
+        "warmup_steps": args.warmup,
+        "timed_steps": args.steps,
         "rounds": args.rounds,
         "data": data,
         "variants": results,

@@ -33,15 +33,30 @@ def stages(out: Path, patients: int, seed: int, fast: bool) -> list[tuple[str, l
     pre_args = ["trainer.max_epochs=1", *tiny] if fast else []
     fine_args = ["trainer.max_epochs=1"] if fast else []
     return [
-        ("synth", ["--out", str(cohort), "--patients", str(patients), "--seed", str(seed),
-                   "synth.corrupt_fraction=0.002"]),
+        (
+            "synth",
+            ["--out", str(cohort), "--patients", str(patients), "--seed", str(seed), "synth.corrupt_fraction=0.002"],
+        ),
         ("synth", ["--out", str(new), "--patients", str(max(50, patients // 25)), "--seed", str(seed + 1)]),
         ("etl", ["--input", str(cohort), "--out", str(etl), "--config", str(PRESETS / "etl" / "icd10_3char.yaml")]),
         ("pretrain", ["--data", str(etl), "--out", str(pre), *pre_args]),
-        ("finetune", ["--data", str(etl), "--out", str(fine), "--pretrained", str(pre), "--task", "next_visit",
-                      *fine_args]),
-        ("evaluate", ["--model", str(fine), "--data", str(etl), "--out", str(out / "evaluate"),
-                      f"notes={SYNTHETIC_NOTE}", *(["n_bootstrap=20"] if fast else [])]),
+        (
+            "finetune",
+            ["--data", str(etl), "--out", str(fine), "--pretrained", str(pre), "--task", "next_visit", *fine_args],
+        ),
+        (
+            "evaluate",
+            [
+                "--model",
+                str(fine),
+                "--data",
+                str(etl),
+                "--out",
+                str(out / "evaluate"),
+                f"notes={SYNTHETIC_NOTE}",
+                *(["n_bootstrap=20"] if fast else []),
+            ],
+        ),
         ("predict", ["--model", str(fine), "--input", str(new), "--out", str(out / "predictions.parquet")]),
     ]
 
@@ -76,7 +91,9 @@ def headline(out: Path) -> str:
         f"  {'':22s}{'BEHRT-RoPE':>12s}{'LogReg':>10s}",
     ]
     for name, key, a, c in (
-        ("macro AP", "macro_ap", m, b), ("micro AP", "micro_ap", m, b), ("macro AUROC", "macro_auroc", m, b),
+        ("macro AP", "macro_ap", m, b),
+        ("micro AP", "micro_ap", m, b),
+        ("macro AUROC", "macro_auroc", m, b),
         ("new-onset macro AP", "macro_ap", mn, bn),
     ):
         lines.append(f"  {name:22s}{a[key]:12.4f}{c[key]:10.4f}")

@@ -42,9 +42,13 @@ def run(config: Config) -> Path:
     with stage(out_dir, config, "etl") as out:
         manifest = run_etl(input_dir, out, config.etl, progress=config.progress)
         write_json(out / S.MANIFEST_FILE, manifest)
-        write_json(out / S.ETL_SETTINGS_FILE, {
-            "etl": config_lib.to_dict(config.etl), "patient_id_type": manifest["patient_id_type"],
-        })
+        write_json(
+            out / S.ETL_SETTINGS_FILE,
+            {
+                "etl": config_lib.to_dict(config.etl),
+                "patient_id_type": manifest["patient_id_type"],
+            },
+        )
         _log_summary(manifest, out)
     return out_dir
 
@@ -53,12 +57,20 @@ def _log_summary(manifest: dict, out: Path) -> None:
     for table, c in manifest["tables"].items():
         log.info(
             "etl: %s: %d rows = %d used + %d quarantined + %d duplicates + %d filtered%s",
-            table, c["rows"], c["used"], c["quarantined"], c["duplicates_dropped"], c["filtered"],
+            table,
+            c["rows"],
+            c["used"],
+            c["quarantined"],
+            c["duplicates_dropped"],
+            c["filtered"],
             "" if c["reconciles"] else "  (DOES NOT RECONCILE)",
         )
     split = manifest["patients"]["by_split"]
     log.info(
         "etl: %d patients (%s), %d tokens, vocabulary %d; quarantine: %s",
-        manifest["patients"]["with_tokens"], ", ".join(f"{k} {v}" for k, v in split.items()),
-        manifest["sequence_length"]["tokens"], manifest["vocabulary"]["size"], out / S.QUARANTINE_FILE,
+        manifest["patients"]["with_tokens"],
+        ", ".join(f"{k} {v}" for k, v in split.items()),
+        manifest["sequence_length"]["tokens"],
+        manifest["vocabulary"]["size"],
+        out / S.QUARANTINE_FILE,
     )

@@ -77,47 +77,86 @@ def run(config: Config) -> Path:
         raise UserError(f"{config.data}: the held_out split has no {task.name} samples to evaluate")
     y, seen = targets(held, samples, label_of_token), history(held, samples, label_of_token)
     with stage(out_dir, config, "evaluate") as out:
-        log.info("evaluate: %d held-out samples from %d patients, %d labels", len(samples),
-                 len(np.unique(samples.rows)), y.shape[1])
-        probs = score(multilabel_model(bundle), held, samples.rows, samples.cuts, config.batch_size,
-                      resolve_device(config.device), config.progress)
+        log.info(
+            "evaluate: %d held-out samples from %d patients, %d labels",
+            len(samples),
+            len(np.unique(samples.rows)),
+            y.shape[1],
+        )
+        probs = score(
+            multilabel_model(bundle),
+            held,
+            samples.rows,
+            samples.cuts,
+            config.batch_size,
+            resolve_device(config.device),
+            config.progress,
+        )
         base = _baseline(seqs, held, samples, task, label_of_token, config)
         labels = bundle["labels"]
         model_eval = evaluate_scores(y, probs, seen, labels, config.n_bootstrap, config.seed)
         base_eval = evaluate_scores(y, base, seen, labels, config.n_bootstrap, config.seed)
         pretrain = _pretrain_metrics(bundle)
-        write_json(out / S.METRICS_FILE, {
-            "task": task.name, "held_out_patients": len(np.unique(samples.rows)),
-            "model": model_eval, "baseline": base_eval, "pretrain": pretrain,
-        })
+        write_json(
+            out / S.METRICS_FILE,
+            {
+                "task": task.name,
+                "held_out_patients": len(np.unique(samples.rows)),
+                "model": model_eval,
+                "baseline": base_eval,
+                "pretrain": pretrain,
+            },
+        )
         report = write_evaluation_report(
-            out, "BEHRT-RoPE", TASK_TITLES[task.name], model_eval, base_eval,
-            n_patients=len(np.unique(samples.rows)), pretrain_metrics=pretrain,
-            run_info=_run_info(config, bundle, task), notes=[config.notes] if config.notes else (),
+            out,
+            "BEHRT-RoPE",
+            TASK_TITLES[task.name],
+            model_eval,
+            base_eval,
+            n_patients=len(np.unique(samples.rows)),
+            pretrain_metrics=pretrain,
+            run_info=_run_info(config, bundle, task),
+            notes=[config.notes] if config.notes else (),
         )
         _log_headline(model_eval, base_eval, report)
     return out_dir
 
 
 def _baseline(
-    seqs: Sequences, held: Sequences, samples: Samples, task: TaskConfig, label_of_token: np.ndarray,
+    seqs: Sequences,
+    held: Sequences,
+    samples: Samples,
+    task: TaskConfig,
+    label_of_token: np.ndarray,
     config: Config,
 ) -> np.ndarray:
     """Bag-of-codes logistic regression fitted on the train split's samples of the same task."""
     train = seqs.split(S.TRAIN)
     train_samples = build_samples(train, task)
     if len(train_samples) > config.baseline_max_train_samples:
-        keep = np.sort(np.random.default_rng(config.seed).choice(
-            len(train_samples), config.baseline_max_train_samples, replace=False))
-        train_samples = Samples(train_samples.rows[keep], train_samples.cuts[keep],
-                                train_samples.label_spans[keep], train_samples.times[keep])
+        keep = np.sort(
+            np.random.default_rng(config.seed).choice(
+                len(train_samples), config.baseline_max_train_samples, replace=False
+            )
+        )
+        train_samples = Samples(
+            train_samples.rows[keep],
+            train_samples.cuts[keep],
+            train_samples.label_spans[keep],
+            train_samples.times[keep],
+        )
     log.info("evaluate: fitting the logistic-regression baseline on %d train samples", len(train_samples))
     vocab_size = len(label_of_token)
     x_train, age_train = _bag(train, train_samples, vocab_size)
     x_eval, age_eval = _bag(held, samples, vocab_size)
     return fit_predict_baseline(
-        x_train, targets(train, train_samples, label_of_token), x_eval, C=config.baseline_c, seed=config.seed,
-        extra_train=age_features(age_train), extra_eval=age_features(age_eval),
+        x_train,
+        targets(train, train_samples, label_of_token),
+        x_eval,
+        C=config.baseline_c,
+        seed=config.seed,
+        extra_train=age_features(age_train),
+        extra_eval=age_features(age_eval),
     )
 
 
@@ -153,6 +192,13 @@ def _run_info(config: Config, bundle: dict[str, Any], task: TaskConfig) -> dict[
 
 def _log_headline(model_eval: dict[str, Any], base_eval: dict[str, Any], report: Path) -> None:
     m, b = model_eval["overall"], base_eval["overall"]
-    log.info("evaluate: macro AP %.4f (baseline %.4f), micro AP %.4f (%.4f), macro AUROC %.4f (%.4f)",
-             m["macro_ap"], b["macro_ap"], m["micro_ap"], b["micro_ap"], m["macro_auroc"], b["macro_auroc"])
+    log.info(
+        "evaluate: macro AP %.4f (baseline %.4f), micro AP %.4f (%.4f), macro AUROC %.4f (%.4f)",
+        m["macro_ap"],
+        b["macro_ap"],
+        m["micro_ap"],
+        b["micro_ap"],
+        m["macro_auroc"],
+        b["macro_auroc"],
+    )
     log.info("evaluate: report at %s", report)

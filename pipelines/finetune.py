@@ -97,14 +97,20 @@ def run(config: Config) -> Path:
     label_of_token = label_index(label_ids, len(vocab))
     train = _split_data(train_seqs, config.task, label_of_token, config.pooling, train_samples)
     tuning = _split_data(seqs.split(S.TUNING), config.task, label_of_token, config.pooling)
-    log.info("finetune: task %s, %d labels, %d train / %d tuning samples", config.task.name, len(label_ids),
-             len(train.y), len(tuning.y))
+    log.info(
+        "finetune: task %s, %d labels, %d train / %d tuning samples",
+        config.task.name,
+        len(label_ids),
+        len(train.y),
+        len(tuning.y),
+    )
     with stage(out_dir, config, "finetune") as out:
         pl.seed_everything(tc.seed, workers=True, verbose=False)
         pos_weight = None
         if config.pos_weight:
-            pos_weight = pos_weight_from_counts(torch.from_numpy(train.y.sum(0)), len(train.y),
-                                                config.pos_weight_max).tolist()
+            pos_weight = pos_weight_from_counts(
+                torch.from_numpy(train.y.sum(0)), len(train.y), config.pos_weight_max
+            ).tolist()
         task = MultiLabelTask(model_config, tc, len(label_ids), config.pooling, pos_weight)
         if pretrained_state is not None:
             load_encoder_weights(task.model, pretrained_state)
@@ -114,27 +120,46 @@ def run(config: Config) -> Path:
         started = time.perf_counter()
         trainer.fit(task, train_loader, val_loader, ckpt_path=resume_path(config.resume, out))
         seconds = time.perf_counter() - started
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""  # type: ignore[union-attr]
+        best = str(getattr(trainer.checkpoint_callback, "best_model_path", "") or "")
         if best:
             task = MultiLabelTask.load_from_checkpoint(
-                best, model_config=model_config, trainer_config=tc, num_labels=len(label_ids),
-                pooling=config.pooling, pos_weight=pos_weight, weights_only=False,
+                best,
+                model_config=model_config,
+                trainer_config=tc,
+                num_labels=len(label_ids),
+                pooling=config.pooling,
+                pos_weight=pos_weight,
+                weights_only=False,
             )
         if trainer.is_global_zero:
             val = trainer.validate(task, val_loader, verbose=False)[0] if val_loader is not None else {}
             metrics = {
-                "task": config.task.name, "labels": len(label_ids), "train_samples": len(train.y),
-                "tuning_samples": len(tuning.y), "tuning_macro_ap": round(float(val.get("val/macro_ap", "nan")), 5),
-                "tuning_loss": round(float(val.get("val/loss", "nan")), 5), "epochs": trainer.current_epoch,
-                "steps": trainer.global_step, "train_seconds": round(seconds, 1), "best_checkpoint": best,
-                "pretrained": config.pretrained or None, **padding_report(train.dataset, tc),
+                "task": config.task.name,
+                "labels": len(label_ids),
+                "train_samples": len(train.y),
+                "tuning_samples": len(tuning.y),
+                "tuning_macro_ap": round(float(val.get("val/macro_ap", "nan")), 5),
+                "tuning_loss": round(float(val.get("val/loss", "nan")), 5),
+                "epochs": trainer.current_epoch,
+                "steps": trainer.global_step,
+                "train_seconds": round(seconds, 1),
+                "best_checkpoint": best,
+                "pretrained": config.pretrained or None,
+                **padding_report(train.dataset, tc),
             }
             write_json(out / S.METRICS_FILE, metrics)
             save_bundle(
-                out / S.MODEL_FILE, "multilabel", model_config, task_state_dict(task), vocab=tokens,
-                label_token_ids=label_ids.tolist(), labels=[tokens[i] for i in label_ids],
-                task=config_lib.to_dict(config.task), pooling=config.pooling,
-                etl_settings=_etl_settings(config.data), pretrained=config.pretrained or None,
+                out / S.MODEL_FILE,
+                "multilabel",
+                model_config,
+                task_state_dict(task),
+                vocab=tokens,
+                label_token_ids=label_ids.tolist(),
+                labels=[tokens[i] for i in label_ids],
+                task=config_lib.to_dict(config.task),
+                pooling=config.pooling,
+                etl_settings=_etl_settings(config.data),
+                pretrained=config.pretrained or None,
             )
             log.info("finetune: tuning macro AP %.4f over %d labels", metrics["tuning_macro_ap"], len(label_ids))
     return out_dir
@@ -144,8 +169,7 @@ def _split_data(
     seqs: Sequences, task: TaskConfig, label_of_token: np.ndarray, pooling: str, samples: Samples | None = None
 ) -> SplitData:
     samples = build_samples(seqs, task) if samples is None else samples
-    dataset, collate = labelled_dataset(seqs, samples.rows, samples.cuts, samples.label_spans, label_of_token,
-                                        pooling)
+    dataset, collate = labelled_dataset(seqs, samples.rows, samples.cuts, samples.label_spans, label_of_token, pooling)
     return SplitData(seqs, dataset, collate, targets(seqs, samples, label_of_token))
 
 

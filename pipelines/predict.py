@@ -128,8 +128,10 @@ def _unscored(
     """Every patient id seen in the input but not scored, with the reason."""
     seen = pd.unique(np.concatenate([patients[S.PATIENT_ID].to_numpy(object), events[S.PATIENT_ID].to_numpy(object)]))
     missing = np.setdiff1d(np.asarray([s for s in seen if s != ""], dtype=str), scored[S.PATIENT_ID].to_numpy(str))
-    reasons = quarantine[quarantine[S.PATIENT_ID].isin(missing)].groupby(S.PATIENT_ID)[S.REASON].agg(
-        lambda r: ",".join(sorted(set(r)))
+    reasons = (
+        quarantine[quarantine[S.PATIENT_ID].isin(missing)]
+        .groupby(S.PATIENT_ID)[S.REASON]
+        .agg(lambda r: ",".join(sorted(set(r))))
     )
     frame = pd.DataFrame({S.PATIENT_ID: missing})
     frame[S.REASON] = reasons.reindex(missing).fillna("no_events").to_numpy()
@@ -161,8 +163,10 @@ def _predictions(prepared: Prepared, labels: list[str], probs: np.ndarray, layou
 def _write_sidecars(out: Path, config: Config, prepared: Prepared, etl: EtlConfig, n_labels: int) -> None:
     stem = out.with_suffix("")
     pq.write_table(pa.Table.from_pandas(prepared.unscored, preserve_index=False), f"{stem}.unscored.parquet")
-    pq.write_table(pa.Table.from_pandas(prepared.quarantine, schema=S.QUARANTINE, preserve_index=False),
-                   f"{stem}.quarantine.parquet")
+    pq.write_table(
+        pa.Table.from_pandas(prepared.quarantine, schema=S.QUARANTINE, preserve_index=False),
+        f"{stem}.quarantine.parquet",
+    )
     config_lib.save(config, f"{stem}.config.yaml")
     unknown_events = sum(prepared.unknown_codes.values())
     summary = {
@@ -180,6 +184,9 @@ def _write_sidecars(out: Path, config: Config, prepared: Prepared, etl: EtlConfi
     write_json(Path(f"{stem}.summary.json"), summary)
     log.info(
         "predict: %d patients scored, %d not scored (%s), %d events with codes unseen in training (%d codes)",
-        summary["patients_scored"], summary["patients_not_scored"], summary["not_scored_reasons"] or "none",
-        unknown_events, len(prepared.unknown_codes),
+        summary["patients_scored"],
+        summary["patients_not_scored"],
+        summary["not_scored_reasons"] or "none",
+        unknown_events,
+        len(prepared.unknown_codes),
     )

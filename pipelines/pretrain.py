@@ -60,9 +60,11 @@ def run(config: Config) -> Path:
         pl.seed_everything(tc.seed, workers=True, verbose=False)
         train_set, tuning_set = PatientDataset(train), PatientDataset(tuning)
         train_loader = make_loader(train_set, tc, MlmCollator(len(vocab), tc.seed, mask_prob=config.mask_prob), True)
-        val_loader = make_loader(
-            tuning_set, tc, MlmCollator(len(vocab), tc.seed, fixed=True, mask_prob=config.mask_prob), False
-        ) if len(tuning_set) else None
+        val_loader = (
+            make_loader(tuning_set, tc, MlmCollator(len(vocab), tc.seed, fixed=True, mask_prob=config.mask_prob), False)
+            if len(tuning_set)
+            else None
+        )
         task = MaskedLMTask(model_config, tc)
         monitor = "val/loss" if val_loader is not None else None
         trainer = build_trainer(tc, out, monitor, "min")
@@ -72,22 +74,36 @@ def run(config: Config) -> Path:
         seconds = time.perf_counter() - started
         best = str(getattr(trainer.checkpoint_callback, "best_model_path", "") or "")
         if best:
-            task = MaskedLMTask.load_from_checkpoint(best, model_config=model_config, trainer_config=tc,
-                                                     weights_only=False)
+            task = MaskedLMTask.load_from_checkpoint(
+                best, model_config=model_config, trainer_config=tc, weights_only=False
+            )
         metrics: dict[str, Any] = dict(_evaluate(trainer, task, val_loader))
         if trainer.is_global_zero:
             metrics.update(
-                epochs=trainer.current_epoch, steps=trainer.global_step, train_seconds=round(seconds, 1),
-                train_patients=len(train), tuning_patients=len(tuning),
-                train_tokens_per_epoch=int(train_set.lengths.sum()), best_checkpoint=best,
+                epochs=trainer.current_epoch,
+                steps=trainer.global_step,
+                train_seconds=round(seconds, 1),
+                train_patients=len(train),
+                tuning_patients=len(tuning),
+                train_tokens_per_epoch=int(train_set.lengths.sum()),
+                best_checkpoint=best,
                 **padding_report(train_set, tc),
             )
             write_json(out / S.METRICS_FILE, metrics)
-            save_bundle(out / S.MODEL_FILE, "mlm", model_config, task_state_dict(task),
-                        vocab=vocab["token"].tolist(), etl_dir=str(Path(config.data).resolve()))
-            log.info("pretrain: tuning MLM loss %.4f, top-1 precision %.4f, top-5 recall %.4f",
-                     metrics.get("mlm_loss", float("nan")), metrics.get("top1_precision", float("nan")),
-                     metrics.get("top5_recall", float("nan")))
+            save_bundle(
+                out / S.MODEL_FILE,
+                "mlm",
+                model_config,
+                task_state_dict(task),
+                vocab=vocab["token"].tolist(),
+                etl_dir=str(Path(config.data).resolve()),
+            )
+            log.info(
+                "pretrain: tuning MLM loss %.4f, top-1 precision %.4f, top-5 recall %.4f",
+                metrics.get("mlm_loss", float("nan")),
+                metrics.get("top1_precision", float("nan")),
+                metrics.get("top5_recall", float("nan")),
+            )
     return out_dir
 
 

@@ -47,8 +47,16 @@ def build_etl(root: Path, patients: int = 160, seed: int = 0) -> Path:
 def pretrain_argv(data: Path, out: Path, *overrides: str, max_epochs: int = 1) -> list[str]:
     """``behrt-rope pretrain`` arguments with the tiny model and quiet, fast trainer settings."""
     return [
-        "pretrain", "--data", str(data), "--out", str(out), "--max-epochs", str(max_epochs),
-        *TINY_MODEL, *FAST_TRAINER, *overrides,
+        "pretrain",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--max-epochs",
+        str(max_epochs),
+        *TINY_MODEL,
+        *FAST_TRAINER,
+        *overrides,
     ]
 
 

@@ -31,8 +31,11 @@ def item(visits: list[list[int]], index: int = 0) -> dict[str, np.ndarray]:
         visit += [k] * (len(codes) + 1)
     visit_index = np.array(visit)
     return {
-        "token_ids": np.array(ids), "ages": 30.0 + visit_index.astype(np.float32),
-        "segments": visit_index % 2, "visit_index": visit_index, "index": np.array(index),
+        "token_ids": np.array(ids),
+        "ages": 30.0 + visit_index.astype(np.float32),
+        "segments": visit_index % 2,
+        "visit_index": visit_index,
+        "index": np.array(index),
     }
 
 
@@ -55,8 +58,11 @@ def sequences(lengths: list[int], seed: int = 0) -> Sequences:
     return Sequences(
         patients=None,  # type: ignore[arg-type]  # not used by PatientDataset
         offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        token_ids=flat.astype(np.int64), ages=(40 + visit).astype(np.float32), segments=visit % 2,
-        visit_index=visit, visit_days=visit * 30,
+        token_ids=flat.astype(np.int64),
+        ages=(40 + visit).astype(np.float32),
+        segments=visit % 2,
+        visit_index=visit,
+        visit_days=visit * 30,
     )
 
 
@@ -96,8 +102,12 @@ def flat(batches: list) -> list[int]:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    n=st.integers(1, 400), batch_size=st.integers(1, 40), bucket=st.integers(1, 8), seed=st.integers(0, 99),
-    epoch=st.integers(0, 5), shuffle=st.booleans(),
+    n=st.integers(1, 400),
+    batch_size=st.integers(1, 40),
+    bucket=st.integers(1, 8),
+    seed=st.integers(0, 99),
+    epoch=st.integers(0, 5),
+    shuffle=st.booleans(),
 )
 def test_sampler_covers_every_index_once_per_epoch(
     n: int, batch_size: int, bucket: int, seed: int, epoch: int, shuffle: bool
@@ -257,8 +267,11 @@ def test_lr_factor_past_the_end_stays_at_zero() -> None:
 
 
 def test_weight_decay_groups_exclude_biases_norms_and_embeddings() -> None:
-    model = BehrtForMaskedLM(ModelConfig(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2,
-                                         intermediate_size=32, time2vec_periodic=4))
+    model = BehrtForMaskedLM(
+        ModelConfig(
+            vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, time2vec_periodic=4
+        )
+    )
     decay, no_decay = parameter_groups(model, 0.01)
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
     names = {id(p): n for n, p in model.named_parameters()}
@@ -276,8 +289,11 @@ def test_weight_decay_groups_exclude_biases_norms_and_embeddings() -> None:
     for name in decayed:
         assert isinstance(owner(name), torch.nn.Linear), name
     for name in kept:
-        assert name.endswith("bias") or isinstance(owner(name), (torch.nn.LayerNorm, torch.nn.Embedding)) or (
-            ".age." in name), name  # Time2Vec's own frequencies and phases
+        assert (
+            name.endswith("bias")
+            or isinstance(owner(name), (torch.nn.LayerNorm, torch.nn.Embedding))
+            or (".age." in name)
+        ), name  # Time2Vec's own frequencies and phases
     assert "encoder.embeddings.age.proj.weight" in decayed  # a linear layer, though under "embeddings"
     assert "encoder.embeddings.code.weight" in kept  # the code table, tied to the decoder
     assert "encoder.blocks.0.ln1.weight" in kept

@@ -25,12 +25,19 @@ def _pipeline(root: Path, raw: Path, fmt: str, *etl_overrides: str) -> dict[str,
     """etl -> pretrain -> finetune -> evaluate on ``raw``; returns the stage directories."""
     d = {name: root / name for name in ("etl", "pre", "ft", "eval")}
     _run("etl", "--input", str(raw), "--out", str(d["etl"]), "--format", fmt, "progress=false", *etl_overrides)
-    _run("pretrain", "--data", str(d["etl"]), "--out", str(d["pre"]), "--max-epochs", "1", *TINY_MODEL,
-         *FAST_TRAINER)
-    _run("finetune", "--data", str(d["etl"]), "--out", str(d["ft"]), "--pretrained", str(d["pre"]),
-         *FINETUNE_FAST)
-    _run("evaluate", "--model", str(d["ft"]), "--data", str(d["etl"]), "--out", str(d["eval"]),
-         "n_bootstrap=10", "progress=false")
+    _run("pretrain", "--data", str(d["etl"]), "--out", str(d["pre"]), "--max-epochs", "1", *TINY_MODEL, *FAST_TRAINER)
+    _run("finetune", "--data", str(d["etl"]), "--out", str(d["ft"]), "--pretrained", str(d["pre"]), *FINETUNE_FAST)
+    _run(
+        "evaluate",
+        "--model",
+        str(d["ft"]),
+        "--data",
+        str(d["etl"]),
+        "--out",
+        str(d["eval"]),
+        "n_bootstrap=10",
+        "progress=false",
+    )
     return d
 
 
@@ -62,8 +69,21 @@ def test_finetune_outputs_and_resume(visits_run):
     metrics = read_metrics(d["ft"])
     assert metrics["labels"] > 0 and metrics["train_samples"] > 0
     assert (d["ft"] / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT).exists()
-    _run("finetune", "--data", str(d["etl"]), "--out", str(d["ft"]), "--pretrained", str(d["pre"]),
-         "--resume", "last", "--max-epochs", "2", "task.min_label_count=2", *FAST_TRAINER)
+    _run(
+        "finetune",
+        "--data",
+        str(d["etl"]),
+        "--out",
+        str(d["ft"]),
+        "--pretrained",
+        str(d["pre"]),
+        "--resume",
+        "last",
+        "--max-epochs",
+        "2",
+        "task.min_label_count=2",
+        *FAST_TRAINER,
+    )
     assert read_metrics(d["ft"])["steps"] > metrics["steps"]
 
 
@@ -98,8 +118,9 @@ def test_predict_scores_new_histories_and_reports_what_it_could_not_use(visits_r
     assert unscored.set_index(S.PATIENT_ID).loc["lonely", S.REASON] == "no_events"
 
     meds_out = tmp_path / "pred_meds.parquet"
-    _run("predict", "--model", str(d["ft"]), "--input", str(new), "--out", str(meds_out), "layout=meds",
-         "progress=false")
+    _run(
+        "predict", "--model", str(d["ft"]), "--input", str(new), "--out", str(meds_out), "layout=meds", "progress=false"
+    )
     wide = pd.read_parquet(meds_out)
     assert list(wide.columns[:2]) == [S.MEDS_SUBJECT_ID, S.PREDICTION_TIME] and wide.shape == (scored, 2 + labels)
     first_code = pred[S.CODE].iloc[0]
@@ -126,8 +147,9 @@ def test_real_samples_run_through_every_stage(tmp_path, sample, fmt, overrides):
     raw = SHARED_DATA / sample
     if not raw.is_dir():
         pytest.skip(f"{raw} not present")
-    d = _pipeline(tmp_path, raw, fmt, *overrides, "etl.split.train=0.6", "etl.split.tuning=0.2",
-                  "etl.split.held_out=0.2")
+    d = _pipeline(
+        tmp_path, raw, fmt, *overrides, "etl.split.train=0.6", "etl.split.tuning=0.2", "etl.split.held_out=0.2"
+    )
     manifest = json.loads((d["etl"] / S.MANIFEST_FILE).read_text())
     assert manifest["reconciles"] and manifest["events_used"]["reconciles"]
     out = tmp_path / "pred.parquet"

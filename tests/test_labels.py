@@ -14,8 +14,13 @@ from behrt_rope.etl.runner import run_etl
 from tests.conftest import write_visits
 
 # One patient, five visits. Days after the first visit: 0, 30, 100, 250, 500.
-VISITS = [("2020-01-01", ["A01", "B01"]), ("2020-01-31", ["C01"]), ("2020-04-10", ["A01", "D01"]),
-          ("2020-09-07", ["E01"]), ("2021-05-15", ["F01"])]
+VISITS = [
+    ("2020-01-01", ["A01", "B01"]),
+    ("2020-01-31", ["C01"]),
+    ("2020-04-10", ["A01", "D01"]),
+    ("2020-09-07", ["E01"]),
+    ("2021-05-15", ["F01"]),
+]
 
 
 def _etl(tmp_path, visits=VISITS, patients=("p1",), death=None):
@@ -47,7 +52,9 @@ def test_next_visit_labels_are_the_following_visit_and_inputs_stop_at_the_predic
     samples = build_samples(seqs, TaskConfig(name="next_visit"))
     assert _label_codes(seqs, samples, tokens) == [["C01"], ["A01", "D01"], ["E01"], ["F01"]]
     assert _input_codes(seqs, samples, tokens) == [
-        ["A01", "B01"], ["A01", "B01", "C01"], ["A01", "A01", "B01", "C01", "D01"],
+        ["A01", "B01"],
+        ["A01", "B01", "C01"],
+        ["A01", "A01", "B01", "C01", "D01"],
         ["A01", "A01", "B01", "C01", "D01", "E01"],
     ]
     # every input ends with the [SEP] of the prediction visit: nothing later leaks in
@@ -70,8 +77,11 @@ def test_twelve_month_window_drops_samples_without_full_follow_up(tmp_path):
     samples = build_samples(seqs, TaskConfig(name="12m"))
     # 500 - 250 = 250 < 365: the day-250 sample has no label and is dropped, not counted as negative
     assert [str(t) for t in samples.times] == ["2020-01-01", "2020-01-31", "2020-04-10"]
-    assert _label_codes(seqs, samples, tokens) == [["A01", "C01", "D01", "E01"], ["A01", "D01", "E01"],
-                                                   ["E01"]]  # F01 is 400 days after day 100: outside
+    assert _label_codes(seqs, samples, tokens) == [
+        ["A01", "C01", "D01", "E01"],
+        ["A01", "D01", "E01"],
+        ["E01"],
+    ]  # F01 is 400 days after day 100: outside
 
 
 def test_min_history_visits_and_random_visit_sampling(tmp_path):

@@ -18,8 +18,12 @@ from behrt_rope.etl.runner import run_etl
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "meds-mimic4-demo"
 MEDS_SCHEMA = pa.schema(
-    [(S.MEDS_SUBJECT_ID, pa.int64()), (S.MEDS_TIME, pa.timestamp("us")), (S.MEDS_CODE, pa.string()),
-     ("numeric_value", pa.float32())]
+    [
+        (S.MEDS_SUBJECT_ID, pa.int64()),
+        (S.MEDS_TIME, pa.timestamp("us")),
+        (S.MEDS_CODE, pa.string()),
+        ("numeric_value", pa.float32()),
+    ]
 )
 
 ADMIT, DISCHARGE = "HOSPITAL_ADMISSION//EW EMER.//EMERGENCY ROOM", "HOSPITAL_DISCHARGE//HOME"
@@ -66,8 +70,10 @@ def write_meds(root: Path, rows: list[tuple], splits: dict[int, str] | None = No
         pq.write_table(pa.Table.from_pandas(frame.iloc[chunk], schema=MEDS_SCHEMA, preserve_index=False), path)
     if splits is not None:
         (root / S.MEDS_SPLITS_FILE).parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table({S.MEDS_SUBJECT_ID: pa.array(list(splits), pa.int64()),
-                                 S.MEDS_SPLIT: list(splits.values())}), root / S.MEDS_SPLITS_FILE)
+        pq.write_table(
+            pa.table({S.MEDS_SUBJECT_ID: pa.array(list(splits), pa.int64()), S.MEDS_SPLIT: list(splits.values())}),
+            root / S.MEDS_SPLITS_FILE,
+        )
     return root
 
 
@@ -193,8 +199,13 @@ def test_same_tokens_as_the_visits_format(tmp_path: Path, rule: str) -> None:
     run_etl(write_meds(tmp_path / "meds", COHORT), tmp_path / "out_meds", config(visit_rule=rule), progress=False)
     visits_in = tmp_path / "visits"
     visits_in.mkdir()
-    pd.DataFrame({S.PATIENT_ID: ["1", "2", "5"], S.BIRTH_DATE: ["1980-01-01", "1990-06-15", "2000-01-01"],
-                  S.DEATH_DATE: ["", "2022-01-01", ""]}).to_csv(visits_in / "patients.csv", index=False)
+    pd.DataFrame(
+        {
+            S.PATIENT_ID: ["1", "2", "5"],
+            S.BIRTH_DATE: ["1980-01-01", "1990-06-15", "2000-01-01"],
+            S.DEATH_DATE: ["", "2022-01-01", ""],
+        }
+    ).to_csv(visits_in / "patients.csv", index=False)
     stay = "stay" if rule == "admission" else ""
     events = [
         ("1", "2020-01-02T10:00", "N39", "ICD10", stay),
@@ -246,11 +257,16 @@ def test_custom_pattern_and_template(tmp_path: Path) -> None:
 def test_text_ids_and_times(tmp_path: Path) -> None:
     path = tmp_path / S.MEDS_DATA_DIR / "0.parquet"
     path.parent.mkdir(parents=True)
-    pq.write_table(pa.table({
-        S.MEDS_SUBJECT_ID: ["a", "a", "a"],
-        S.MEDS_TIME: ["2000-01-01", "2020-01-01T10:00:00", "not a time"],
-        S.MEDS_CODE: ["MEDS_BIRTH", "DIAGNOSIS//ICD//10//I10", "DIAGNOSIS//ICD//10//E11"],
-    }), path)
+    pq.write_table(
+        pa.table(
+            {
+                S.MEDS_SUBJECT_ID: ["a", "a", "a"],
+                S.MEDS_TIME: ["2000-01-01", "2020-01-01T10:00:00", "not a time"],
+                S.MEDS_CODE: ["MEDS_BIRTH", "DIAGNOSIS//ICD//10//I10", "DIAGNOSIS//ICD//10//E11"],
+            }
+        ),
+        path,
+    )
     manifest = run_etl(tmp_path, tmp_path / "out", config(visit_rule="same_day"), progress=False)
     assert_reconciles(manifest)
     assert manifest["patient_id_type"] == "string"

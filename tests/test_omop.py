@@ -18,19 +18,23 @@ from behrt_rope.etl.runner import run_etl
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "omop-synthea27"
 
-PERSON = pd.DataFrame({
-    S.OMOP_PERSON_ID: [1, 2, 3, 4],
-    S.OMOP_YEAR_OF_BIRTH: [1980, 1990, None, 1950],
-    S.OMOP_MONTH_OF_BIRTH: [5, None, None, 3],
-    S.OMOP_DAY_OF_BIRTH: [5, None, None, 3],
-    S.OMOP_BIRTH_DATETIME: ["1980-05-05 00:00:00", None, None, None],
-})
-VISIT = pd.DataFrame({
-    S.OMOP_VISIT_OCCURRENCE_ID: [10, 20, 40],
-    S.OMOP_PERSON_ID: [1, 2, 4],
-    S.OMOP_VISIT_START_DATE: ["2020-01-01", "2020-05-05", "2020-06-06"],
-    S.OMOP_VISIT_END_DATE: ["2020-01-02", "2020-05-05", None],
-})
+PERSON = pd.DataFrame(
+    {
+        S.OMOP_PERSON_ID: [1, 2, 3, 4],
+        S.OMOP_YEAR_OF_BIRTH: [1980, 1990, None, 1950],
+        S.OMOP_MONTH_OF_BIRTH: [5, None, None, 3],
+        S.OMOP_DAY_OF_BIRTH: [5, None, None, 3],
+        S.OMOP_BIRTH_DATETIME: ["1980-05-05 00:00:00", None, None, None],
+    }
+)
+VISIT = pd.DataFrame(
+    {
+        S.OMOP_VISIT_OCCURRENCE_ID: [10, 20, 40],
+        S.OMOP_PERSON_ID: [1, 2, 4],
+        S.OMOP_VISIT_START_DATE: ["2020-01-01", "2020-05-05", "2020-06-06"],
+        S.OMOP_VISIT_END_DATE: ["2020-01-02", "2020-05-05", None],
+    }
+)
 DEATH = pd.DataFrame({S.OMOP_PERSON_ID: [4, 98], S.OMOP_DEATH_DATE: ["2021-01-01", "2020-01-01"]})
 # person, concept, source value, start date, visit
 CONDITIONS = [
@@ -49,10 +53,16 @@ CONDITIONS = [
 
 
 def conditions(source_values: list[str] | None = None) -> pd.DataFrame:
-    frame = pd.DataFrame(CONDITIONS, columns=[
-        S.OMOP_PERSON_ID, S.OMOP_CONDITION_CONCEPT_ID, S.OMOP_CONDITION_SOURCE_VALUE, S.OMOP_CONDITION_START_DATE,
-        S.OMOP_VISIT_OCCURRENCE_ID,
-    ])
+    frame = pd.DataFrame(
+        CONDITIONS,
+        columns=[
+            S.OMOP_PERSON_ID,
+            S.OMOP_CONDITION_CONCEPT_ID,
+            S.OMOP_CONDITION_SOURCE_VALUE,
+            S.OMOP_CONDITION_START_DATE,
+            S.OMOP_VISIT_OCCURRENCE_ID,
+        ],
+    )
     frame[S.OMOP_VISIT_OCCURRENCE_ID] = frame[S.OMOP_VISIT_OCCURRENCE_ID].astype("Int64")
     if source_values is not None:
         frame[S.OMOP_CONDITION_SOURCE_VALUE] = source_values
@@ -61,9 +71,16 @@ def conditions(source_values: list[str] | None = None) -> pd.DataFrame:
 
 def write_omop(root: Path, fmt: str = "parquet", tables: dict[str, pd.DataFrame] | None = None) -> Path:
     """The test cohort (or ``tables``) as OMOP CDM files under ``root``."""
-    tables = tables if tables is not None else {
-        S.OMOP_PERSON: PERSON, S.OMOP_CONDITION: conditions(), S.OMOP_VISIT: VISIT, S.OMOP_DEATH: DEATH,
-    }
+    tables = (
+        tables
+        if tables is not None
+        else {
+            S.OMOP_PERSON: PERSON,
+            S.OMOP_CONDITION: conditions(),
+            S.OMOP_VISIT: VISIT,
+            S.OMOP_DEATH: DEATH,
+        }
+    )
     root.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
         if fmt == "csv":
@@ -108,8 +125,12 @@ def assert_reconciles(manifest: dict) -> None:
 # ---------------------------------------------------------------------------------------------------------
 def test_reader_rows_births_codes_and_visit_notes(tmp_path: Path) -> None:
     raw = omop.read(write_omop(tmp_path), config())
-    assert raw.rows_read == {"person.parquet": 4, "condition_occurrence.parquet": len(CONDITIONS),
-                             "visit_occurrence.parquet": 3, "death.parquet": 2}
+    assert raw.rows_read == {
+        "person.parquet": 4,
+        "condition_occurrence.parquet": len(CONDITIONS),
+        "visit_occurrence.parquet": 3,
+        "death.parquet": 2,
+    }
     assert raw.filtered == {"visit_occurrence.parquet": 3, "death.parquet": 2}  # lookups
     assert raw.patient_id_type == "int64"
     births = raw.patients.set_index(S.PATIENT_ID)[S.BIRTH_DATE]
@@ -143,8 +164,14 @@ def test_quarantine_and_reconciliation(tmp_path: Path, fmt: str) -> None:
         (C, 10): R.UNKNOWN_PATIENT,
     }
     conditions_table = manifest["tables"][f"{C}.{fmt}"]
-    assert conditions_table == {"rows": 11, "used": 6, "quarantined": 5, "duplicates_dropped": 0, "filtered": 0,
-                                "reconciles": True}
+    assert conditions_table == {
+        "rows": 11,
+        "used": 6,
+        "quarantined": 5,
+        "duplicates_dropped": 0,
+        "filtered": 0,
+        "reconciles": True,
+    }
     assert manifest["tables"][f"{S.OMOP_VISIT}.{fmt}"]["filtered"] == 3
     assert manifest["patient_id_type"] == ("int64" if fmt == "parquet" else "string")
     streams = token_streams(tmp_path / "out")
@@ -154,8 +181,9 @@ def test_quarantine_and_reconciliation(tmp_path: Path, fmt: str) -> None:
 
 
 def test_zero_concept_kept_when_asked(tmp_path: Path) -> None:
-    manifest = run_etl(write_omop(tmp_path / "in"), tmp_path / "out", config(True, skip_zero_concept=False),
-                       progress=False)
+    manifest = run_etl(
+        write_omop(tmp_path / "in"), tmp_path / "out", config(True, skip_zero_concept=False), progress=False
+    )
     assert_reconciles(manifest)
     assert S.Reason.NO_MATCHING_CONCEPT not in manifest["quarantine_reasons"]
     assert "0" in token_streams(tmp_path / "out")["2"]["tokens"]
@@ -163,9 +191,17 @@ def test_zero_concept_kept_when_asked(tmp_path: Path) -> None:
 
 def test_float_printed_source_values_and_float_columns(tmp_path: Path) -> None:
     printed = [f"{v}.0" for v in ("65363002", "38341003", "1001", "1002", "5", "6", "7", "8", "9", "10", "11")]
-    raw = omop.read(write_omop(tmp_path / "a", "csv", {
-        S.OMOP_PERSON: PERSON, S.OMOP_CONDITION: conditions(printed),
-    }), config(code_source="source_value", code_system="SNOMED"))
+    raw = omop.read(
+        write_omop(
+            tmp_path / "a",
+            "csv",
+            {
+                S.OMOP_PERSON: PERSON,
+                S.OMOP_CONDITION: conditions(printed),
+            },
+        ),
+        config(code_source="source_value", code_system="SNOMED"),
+    )
     assert raw.events[S.CODE].tolist()[:2] == ["65363002", "38341003"]
     assert set(raw.events[S.CODE_SYSTEM]) == {"SNOMED"}
     assert raw.notes["omop.codes_float_printed_repaired"] == len(CONDITIONS)
@@ -173,8 +209,10 @@ def test_float_printed_source_values_and_float_columns(tmp_path: Path) -> None:
 
     # a file mixing decimals and integers is not float-printed: ICD-9 250.0 stays 250.0
     mixed = ["250.0", "4019", "250.01", "V45.0", "1", "2", "3", "4", "5", "6", "7"]
-    raw = omop.read(write_omop(tmp_path / "b", "csv", {S.OMOP_PERSON: PERSON, S.OMOP_CONDITION: conditions(mixed)}),
-                    config(code_source="source_value"))
+    raw = omop.read(
+        write_omop(tmp_path / "b", "csv", {S.OMOP_PERSON: PERSON, S.OMOP_CONDITION: conditions(mixed)}),
+        config(code_source="source_value"),
+    )
     assert raw.events[S.CODE].tolist()[:4] == ["250.0", "4019", "250.01", "V45.0"]
     assert raw.notes["omop.codes_float_printed_repaired"] == 0
 
@@ -207,8 +245,14 @@ def test_case_insensitive_names_and_text_integers(tmp_path: Path) -> None:
 
 
 def test_impossible_birth_parts_are_unparseable(tmp_path: Path) -> None:
-    person = pd.DataFrame({S.OMOP_PERSON_ID: [1, 2, 3], S.OMOP_YEAR_OF_BIRTH: ["1980", "1980", "abc"],
-                           S.OMOP_MONTH_OF_BIRTH: ["2", "13", ""], S.OMOP_DAY_OF_BIRTH: ["30", "1", ""]})
+    person = pd.DataFrame(
+        {
+            S.OMOP_PERSON_ID: [1, 2, 3],
+            S.OMOP_YEAR_OF_BIRTH: ["1980", "1980", "abc"],
+            S.OMOP_MONTH_OF_BIRTH: ["2", "13", ""],
+            S.OMOP_DAY_OF_BIRTH: ["30", "1", ""],
+        }
+    )
     raw = omop.read(write_omop(tmp_path, "csv", {S.OMOP_PERSON: person, S.OMOP_CONDITION: conditions()}), config())
     assert raw.patients[S.BIRTH_DATE].isna().all()
     assert raw.patients[S.BIRTH_RAW].iloc[1] == "year_of_birth=1980 month_of_birth=13 day_of_birth=1"
@@ -218,8 +262,9 @@ def test_wrong_type_names_file_column_and_example(tmp_path: Path) -> None:
     frame = conditions()
     frame[S.OMOP_CONDITION_START_DATE] = 20200101
     write_omop(tmp_path, "parquet", {S.OMOP_PERSON: PERSON, S.OMOP_CONDITION: frame})
-    with pytest.raises(InputSchemaError,
-                       match=r"condition_occurrence\.parquet: column 'condition_start_date' has type int64.*20200101"):
+    with pytest.raises(
+        InputSchemaError, match=r"condition_occurrence\.parquet: column 'condition_start_date' has type int64.*20200101"
+    ):
         omop.read(tmp_path, config())
 
 
@@ -227,8 +272,11 @@ def test_missing_table_and_column(tmp_path: Path) -> None:
     write_omop(tmp_path / "a", "csv", {S.OMOP_PERSON: PERSON})
     with pytest.raises(InputSchemaError, match="no 'condition_occurrence' table"):
         omop.read(tmp_path / "a", config())
-    write_omop(tmp_path / "b", "csv", {S.OMOP_PERSON: PERSON,
-                                       S.OMOP_CONDITION: conditions().drop(columns=S.OMOP_CONDITION_CONCEPT_ID)})
+    write_omop(
+        tmp_path / "b",
+        "csv",
+        {S.OMOP_PERSON: PERSON, S.OMOP_CONDITION: conditions().drop(columns=S.OMOP_CONDITION_CONCEPT_ID)},
+    )
     with pytest.raises(InputSchemaError, match=r"missing required column 'condition_concept_id'.*example row"):
         omop.read(tmp_path / "b", config())
 
@@ -249,8 +297,13 @@ def test_same_tokens_as_the_visits_format(tmp_path: Path) -> None:
     run_etl(write_omop(tmp_path / "omop"), tmp_path / "out_omop", config(), progress=False)
     visits_in = tmp_path / "visits"
     visits_in.mkdir()
-    pd.DataFrame({S.PATIENT_ID: ["1", "2", "4"], S.BIRTH_DATE: ["1980-05-05", "1990-01-01", "1950-03-03"],
-                  S.DEATH_DATE: ["", "", "2021-01-01"]}).to_csv(visits_in / "patients.csv", index=False)
+    pd.DataFrame(
+        {
+            S.PATIENT_ID: ["1", "2", "4"],
+            S.BIRTH_DATE: ["1980-05-05", "1990-01-01", "1950-03-03"],
+            S.DEATH_DATE: ["", "", "2021-01-01"],
+        }
+    ).to_csv(visits_in / "patients.csv", index=False)
     usable = [(p, c, d, "" if v is None else str(v)) for p, c, _, d, v in CONDITIONS if p in (1, 2, 4) and c != 0]
     events = pd.DataFrame(usable, columns=[S.PATIENT_ID, S.CODE, S.DATE, S.VISIT_ID])
     events = events[(events[S.DATE] >= "1990") & (events[S.DATE] < "2021-06")]  # drop the rows quarantined above
@@ -270,8 +323,14 @@ def test_real_sample(tmp_path: Path, code_source: str) -> None:
     tables = manifest["tables"]
     assert tables["person.parquet"]["rows"] == 28  # the README's 27 patients: the person table holds 28 rows
     assert tables["condition_occurrence.parquet"]["rows"] == 470
-    assert tables["visit_occurrence.parquet"] == {"rows": 1791, "used": 0, "quarantined": 0,
-                                                  "duplicates_dropped": 0, "filtered": 1791, "reconciles": True}
+    assert tables["visit_occurrence.parquet"] == {
+        "rows": 1791,
+        "used": 0,
+        "quarantined": 0,
+        "duplicates_dropped": 0,
+        "filtered": 1791,
+        "reconciles": True,
+    }
     reader = manifest["reader"]
     assert reader["omop.conditions_before_visit_start"] > 0
     assert 20 <= manifest["patients"]["with_tokens"] <= 28

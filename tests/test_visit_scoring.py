@@ -33,16 +33,35 @@ def _sequences(visits_per_patient: list[list[list[int]]]) -> Sequences:
         lengths.append(len(stream))
     n = len(visits_per_patient)
     last = [np.datetime64("1970-01-01") + np.timedelta64(7300 + 60 * (len(v) - 1), "D") for v in visits_per_patient]
-    patients = pd.DataFrame({S.PATIENT_ID: [f"p{i}" for i in range(n)], S.SPLIT: ["train"] * n,
-                             S.LAST_EVENT_TIME: np.array(last, dtype="datetime64[us]")})
-    return Sequences(patients, np.concatenate([[0], np.cumsum(lengths)]), np.array(ids), np.array(ages, np.float32),
-                     np.array(segs), np.array(vidx), np.array(days))
+    patients = pd.DataFrame(
+        {
+            S.PATIENT_ID: [f"p{i}" for i in range(n)],
+            S.SPLIT: ["train"] * n,
+            S.LAST_EVENT_TIME: np.array(last, dtype="datetime64[us]"),
+        }
+    )
+    return Sequences(
+        patients,
+        np.concatenate([[0], np.cumsum(lengths)]),
+        np.array(ids),
+        np.array(ages, np.float32),
+        np.array(segs),
+        np.array(vidx),
+        np.array(days),
+    )
 
 
 def _model() -> BehrtForMultiLabel:
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
-                         dropout=0.0, time2vec_periodic=4)
+    config = ModelConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=32,
+        dropout=0.0,
+        time2vec_periodic=4,
+    )
     return BehrtForMultiLabel(config, num_labels=3, pooling="visit").eval()
 
 
@@ -56,8 +75,10 @@ def _prefix_logits(model: BehrtForMultiLabel, row: int, cut: int) -> torch.Tenso
     score_at = torch.zeros_like(batch["attention_mask"])
     score_at[0, cut - 1] = True
     with torch.no_grad():
-        return model(**{k: batch[k] for k in ("token_ids", "ages", "segments", "visit_index", "attention_mask")},
-                     score_at=score_at)[0]
+        return model(
+            **{k: batch[k] for k in ("token_ids", "ages", "segments", "visit_index", "attention_mask")},
+            score_at=score_at,
+        )[0]
 
 
 def test_one_pass_equals_cutting_the_input_at_each_prediction_time():
@@ -66,12 +87,15 @@ def test_one_pass_equals_cutting_the_input_at_each_prediction_time():
     dataset = VisitScoredDataset(SEQS, samples.rows, samples.cuts)
     batch = collate_visit_scored([dataset[i] for i in range(len(dataset))])
     with torch.no_grad():
-        logits = model(**{k: batch[k] for k in ("token_ids", "ages", "segments", "visit_index", "attention_mask")},
-                       score_at=batch["score_at"])
+        logits = model(
+            **{k: batch[k] for k in ("token_ids", "ages", "segments", "visit_index", "attention_mask")},
+            score_at=batch["score_at"],
+        )
     assert logits.shape == (len(samples), 3)
     for j, i in enumerate(dataset.sample_order):
-        torch.testing.assert_close(logits[j], _prefix_logits(model, samples.rows[i], samples.cuts[i]),
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            logits[j], _prefix_logits(model, samples.rows[i], samples.cuts[i]), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_later_visits_never_leak_into_earlier_predictions():
@@ -82,8 +106,9 @@ def test_later_visits_never_leak_into_earlier_predictions():
     after = score(model, changed, samples.rows, samples.cuts)
     first_patient_early = (samples.rows == 0) & (samples.cuts <= 6)  # visits 0 and 1 of patient 0
     np.testing.assert_allclose(before[first_patient_early], after[first_patient_early], atol=1e-6)
-    assert not np.allclose(before[(samples.rows == 0) & (samples.cuts > 6)],
-                           after[(samples.rows == 0) & (samples.cuts > 6)])
+    assert not np.allclose(
+        before[(samples.rows == 0) & (samples.cuts > 6)], after[(samples.rows == 0) & (samples.cuts > 6)]
+    )
 
 
 def test_score_keeps_the_callers_sample_order_and_batching_does_not_matter():

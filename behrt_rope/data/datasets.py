@@ -175,8 +175,12 @@ def collate_visit_scored(items: Sequence[dict[str, np.ndarray]]) -> dict[str, to
 
 
 def labelled_dataset(
-    seqs: Sequences, rows: np.ndarray, cuts: np.ndarray, label_spans: np.ndarray | None,
-    label_of_token: np.ndarray | None, pooling: str,
+    seqs: Sequences,
+    rows: np.ndarray,
+    cuts: np.ndarray,
+    label_spans: np.ndarray | None,
+    label_of_token: np.ndarray | None,
+    pooling: str,
 ) -> tuple[torch.utils.data.Dataset, Callable]:
     """The dataset and collate function that feed a multi-label model with this ``pooling``: one item per
     patient for visit pooling, one item per sample (input cut at its prediction time) otherwise."""

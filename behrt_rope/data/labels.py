@@ -70,9 +70,7 @@ def visit_table(seqs: Sequences) -> pd.DataFrame:
     """One row per visit: patient row, visit number k, flat position of its [SEP], its date (days)."""
     sep = np.flatnonzero(seqs.token_ids == S.SEP_ID)
     patient = np.searchsorted(seqs.offsets, sep, side="right") - 1
-    return pd.DataFrame(
-        {"patient": patient, "k": seqs.visit_index[sep], "sep": sep, "day": seqs.visit_days[sep]}
-    )
+    return pd.DataFrame({"patient": patient, "k": seqs.visit_index[sep], "sep": sep, "day": seqs.visit_days[sep]})
 
 
 def build_samples(seqs: Sequences, task: TaskConfig) -> Samples:

@@ -45,8 +45,13 @@ class Sequences:
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         take = ragged_positions(self.offsets[rows], lengths)
         return Sequences(
-            self.patients.iloc[rows].reset_index(drop=True), offsets, self.token_ids[take], self.ages[take],
-            self.segments[take], self.visit_index[take], self.visit_days[take],
+            self.patients.iloc[rows].reset_index(drop=True),
+            offsets,
+            self.token_ids[take],
+            self.ages[take],
+            self.segments[take],
+            self.visit_index[take],
+            self.visit_days[take],
         )
 
     def split(self, name: str) -> Sequences:

@@ -58,8 +58,14 @@ class EventCodes:
     def take(self, rows: np.ndarray) -> EventCodes:
         """The codes of a subset of rows (a boolean mask or row numbers); the uniques are kept whole."""
         return EventCodes(
-            self.patient[rows], self.patient_uniques, self.code[rows], self.code_uniques,
-            self.system[rows], self.system_uniques, self.visit[rows], self.visit_uniques,
+            self.patient[rows],
+            self.patient_uniques,
+            self.code[rows],
+            self.code_uniques,
+            self.system[rows],
+            self.system_uniques,
+            self.visit[rows],
+            self.visit_uniques,
         )
 
 
@@ -147,8 +153,14 @@ def event_reasons(events: pd.DataFrame, patients: pd.DataFrame, rejected_ids: np
 _READER_REASONS = (Reason.MISSING_BIRTH, Reason.NO_MATCHING_CONCEPT)  # set by readers in the REASON column
 _EVENT_REASONS = (
     *_READER_REASONS,
-    Reason.MISSING_PATIENT_ID, Reason.PATIENT_REJECTED, Reason.UNKNOWN_PATIENT, Reason.UNPARSEABLE_DATE,
-    Reason.EMPTY_CODE, Reason.BEFORE_BIRTH, Reason.AFTER_DEATH, Reason.DUPLICATE,
+    Reason.MISSING_PATIENT_ID,
+    Reason.PATIENT_REJECTED,
+    Reason.UNKNOWN_PATIENT,
+    Reason.UNPARSEABLE_DATE,
+    Reason.EMPTY_CODE,
+    Reason.BEFORE_BIRTH,
+    Reason.AFTER_DEATH,
+    Reason.DUPLICATE,
 )
 
 
@@ -179,8 +191,13 @@ def _event_reason_index(
         len(events),
     )
     usable = np.flatnonzero(index == 0)
-    keys = [codes.patient[usable], time[usable].view(np.int64), codes.code[usable], codes.system[usable],
-            codes.visit[usable]]
+    keys = [
+        codes.patient[usable],
+        time[usable].view(np.int64),
+        codes.code[usable],
+        codes.system[usable],
+        codes.visit[usable],
+    ]
     repeat = _repeated_keys(keys, events, usable)
     index[usable[repeat]] = _EVENT_REASONS.index(Reason.DUPLICATE) + 1
     return index

@@ -238,8 +238,12 @@ def token_codes(
     pair_uniques[pair] = key
     mapped = np.array(
         [
-            normalise_code(str(code_uniques[p % n_codes]), str(system_uniques[p // n_codes]),
-                           config.code_truncate, config.strip_code_dots)
+            normalise_code(
+                str(code_uniques[p % n_codes]),
+                str(system_uniques[p // n_codes]),
+                config.code_truncate,
+                config.strip_code_dots,
+            )
             for p in pair_uniques
         ],
         dtype=object,
@@ -268,9 +272,7 @@ def fit_vocabulary(train_counts: pd.Series, min_count: int) -> pd.DataFrame:
     tokens = list(S.SPECIAL_TOKENS) + kept.index.astype(str).tolist()
     counts = [0] * S.N_SPECIAL + kept.astype("int64").tolist()
     counts[S.UNK_ID] = int(train_counts[~is_code].sum())
-    return pd.DataFrame(
-        {"token_id": np.arange(len(tokens), dtype=np.int32), "token": tokens, "train_count": counts}
-    )
+    return pd.DataFrame({"token_id": np.arange(len(tokens), dtype=np.int32), "token": tokens, "train_count": counts})
 
 
 def lookup(tokens: np.ndarray, vocabulary: pd.DataFrame) -> np.ndarray:

@@ -220,7 +220,9 @@ def _parse_distinct(text: pa.Array) -> np.ndarray:
     if retry.any():
         slow = pd.to_datetime(
             pd.Series(np.asarray(text.to_numpy(zero_copy_only=False), dtype=object)[retry]),
-            format="ISO8601", errors="coerce", utc=True,
+            format="ISO8601",
+            errors="coerce",
+            utc=True,
         )
         out[retry] = slow.dt.tz_localize(None).to_numpy(dtype="datetime64[us]")
     return out

@@ -37,7 +37,14 @@ class RawTables:
 
 PATIENT_COLUMNS = (S.PATIENT_ID, S.BIRTH_DATE, S.DEATH_DATE, S.BIRTH_RAW, S.DEATH_RAW, S.SOURCE_TABLE, S.SOURCE_ROW)
 EVENT_COLUMNS = (
-    S.PATIENT_ID, S.TIME, S.TIME_RAW, S.CODE, S.CODE_SYSTEM, S.VISIT_ID, S.SOURCE_TABLE, S.SOURCE_ROW,
+    S.PATIENT_ID,
+    S.TIME,
+    S.TIME_RAW,
+    S.CODE,
+    S.CODE_SYSTEM,
+    S.VISIT_ID,
+    S.SOURCE_TABLE,
+    S.SOURCE_ROW,
 )
 
 
@@ -56,7 +63,8 @@ def patients_frame(
         {
             S.PATIENT_ID: _text(patient_id),
             S.BIRTH_DATE: np.asarray(birth, dtype="datetime64[us]"),
-            S.DEATH_DATE: np.full(n, np.datetime64("NaT"), "datetime64[us]") if death is None
+            S.DEATH_DATE: np.full(n, np.datetime64("NaT"), "datetime64[us]")
+            if death is None
             else np.asarray(death, dtype="datetime64[us]"),
             S.BIRTH_RAW: _text(birth_raw),
             S.DEATH_RAW: np.full(n, "", dtype=object) if death_raw is None else _text(death_raw),
@@ -101,10 +109,9 @@ def _text(values: object) -> object:
     return np.asarray(values, dtype=object)
 
 
-def _constant(value: str, n: int) -> pd.Categorical:
+def _constant(value: str, n: int) -> pd.Categorical[str]:
     """``n`` copies of one string, stored once."""
-    return pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[value]) if n else \
-        pd.Categorical([], categories=[value])
+    return pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=pd.Index([value]))
 
 
 def concat(frames: list[pd.DataFrame], columns: tuple[str, ...]) -> pd.DataFrame:

@@ -70,8 +70,14 @@ def process_shard(raw: RawTables, config: EtlConfig) -> ShardResult:
         splits = np.where(pd.isna(from_source), splits, from_source)
     counts = _counts(raw, cleaned, structured.too_long, quarantine)
     return ShardResult(
-        structured, splits, quarantine, counts, Counter(quarantine[S.REASON].tolist()),
-        int((~structured.too_long).sum()), raw.notes, raw.patient_id_type,
+        structured,
+        splits,
+        quarantine,
+        counts,
+        Counter(quarantine[S.REASON].tolist()),
+        int((~structured.too_long).sum()),
+        raw.notes,
+        raw.patient_id_type,
     )
 
 
@@ -84,12 +90,12 @@ def _counts(
         counts[table] = Counter(rows=n, filtered=raw.filtered.get(table, 0))
     events = cleaned.events[S.SOURCE_TABLE]
     for used in (cleaned.patients[S.SOURCE_TABLE], events[~too_long] if too_long.any() else events):
-        for table, n in used.value_counts().items():
-            counts.setdefault(str(table), Counter())["used"] += int(n)
+        for name, n in used.value_counts().items():
+            counts.setdefault(str(name), Counter())["used"] += int(n)
     is_dup = quarantine[S.REASON] == S.Reason.DUPLICATE
     for key, rows in (("duplicates_dropped", quarantine[is_dup]), ("quarantined", quarantine[~is_dup])):
-        for table, n in rows[S.SOURCE_TABLE].value_counts().items():
-            counts.setdefault(str(table), Counter())[key] += int(n)
+        for name, n in rows[S.SOURCE_TABLE].value_counts().items():
+            counts.setdefault(str(name), Counter())[key] += int(n)
     return counts
 
 
@@ -118,8 +124,11 @@ def run_etl(input_dir: Path, out_dir: Path, config: EtlConfig, progress: bool = 
         pq.write_table(table, tokens_dir / f"part-{shard:05d}.parquet")
         token_stats.append(_token_stats(table))
 
-    spilled = [pd.read_parquet(tmp / f"{shard:05d}" / S.QUARANTINE_FILE) for shard in range(len(results))] \
-        if config.shards > 1 else []
+    spilled = (
+        [pd.read_parquet(tmp / f"{shard:05d}" / S.QUARANTINE_FILE) for shard in range(len(results))]
+        if config.shards > 1
+        else []
+    )
     quarantine = pd.concat([r.quarantine for r in results] + spilled, ignore_index=True)
     quarantine = quarantine.sort_values([S.SOURCE_TABLE, S.SOURCE_ROW], kind="stable")
     _write_quarantine(quarantine, out_dir / S.QUARANTINE_FILE)
@@ -147,8 +156,14 @@ def _spill(result: ShardResult, folder: Path) -> None:
     for name in ("patients", "visits", "codes"):
         getattr(s, name).to_parquet(folder / f"{name}.parquet")
     result.structured = Structured(
-        s.patients.iloc[:0], s.visits.iloc[:0], s.codes.iloc[:0], s.merged_in_visit, s.truncated_events,
-        s.truncated_visits, s.truncated_patients, np.zeros(0, dtype=bool),
+        s.patients.iloc[:0],
+        s.visits.iloc[:0],
+        s.codes.iloc[:0],
+        s.merged_in_visit,
+        s.truncated_events,
+        s.truncated_visits,
+        s.truncated_patients,
+        np.zeros(0, dtype=bool),
     )
     _write_quarantine(result.quarantine, folder / S.QUARANTINE_FILE)
     result.quarantine = result.quarantine.iloc[:0]
@@ -169,8 +184,11 @@ def _token_stats(table: pa.Table) -> dict[str, Any]:
     """Sequence lengths and splits per patient; code and [UNK] tokens per split."""
     lengths = table.column(S.N_TOKENS).to_numpy()
     splits = np.asarray(table.column(S.SPLIT).to_numpy(zero_copy_only=False), dtype=object)
-    ids = table.column(S.TOKEN_IDS).combine_chunks().flatten().to_numpy() if table.num_rows \
+    ids = (
+        table.column(S.TOKEN_IDS).combine_chunks().flatten().to_numpy()
+        if table.num_rows
         else np.zeros(0, dtype=np.int32)
+    )
     split_code, split_names = pd.factorize(splits)
     token_split = np.repeat(split_code, lengths)
     unk = np.bincount(token_split[ids == S.UNK_ID], minlength=len(split_names))
@@ -230,7 +248,7 @@ def build_manifest(
             "size": len(vocabulary),
             "codes": len(vocabulary) - S.N_SPECIAL,
             "min_code_count": config.min_code_count,
-            "train_codes_mapped_to_unk": int(vocabulary.loc[S.UNK_ID, "train_count"]),
+            "train_codes_mapped_to_unk": int(vocabulary["train_count"].iloc[S.UNK_ID]),
             "unk_share_by_split": {s: round(unk.get(s, 0) / codes[s], 6) if codes.get(s) else 0.0 for s in S.SPLITS},
         },
         "reader": notes,

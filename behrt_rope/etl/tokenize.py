@@ -218,8 +218,9 @@ def to_token_table(structured: Structured, vocabulary: pd.DataFrame, splits: np.
         raise ValueError("structured visits must be sorted by patient and visit index")
 
     tokens = codes["token"]
-    categorical = tokens.array if isinstance(tokens.dtype, pd.CategoricalDtype) else pd.Categorical(
-        tokens.to_numpy(dtype=object))
+    categorical = (
+        tokens.array if isinstance(tokens.dtype, pd.CategoricalDtype) else pd.Categorical(tokens.to_numpy(dtype=object))
+    )
     ids = lookup(np.asarray(categorical.categories, dtype=object), vocabulary)[categorical.codes]
     code_visit, code_id = _sorted_codes(codes["visit"].to_numpy().astype(np.int64), ids, len(vocabulary))
 
@@ -234,8 +235,11 @@ def to_token_table(structured: Structured, vocabulary: pd.DataFrame, splits: np.
     total = n_patients + int(visit_len.sum())
     row_token = np.empty(total, dtype=np.int32)
     row_visit = np.empty(total, dtype=np.int64)
-    for pos, token, visit in ((cls_pos, S.CLS_ID, first_visit), (sep_pos, S.SEP_ID, np.arange(n_visits)),
-                              (code_pos, code_id, code_visit)):
+    for pos, token, visit in (
+        (cls_pos, S.CLS_ID, first_visit),
+        (sep_pos, S.SEP_ID, np.arange(n_visits)),
+        (code_pos, code_id, code_visit),
+    ):
         row_token[pos] = token
         row_visit[pos] = visit
     row_vindex = visit_index[row_visit]

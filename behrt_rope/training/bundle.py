@@ -17,8 +17,9 @@ from behrt_rope.errors import ArtifactError
 from behrt_rope.model.config import ModelConfig
 
 
-def save_bundle(path: Path, kind: str, model_config: ModelConfig, state_dict: dict[str, torch.Tensor],
-                **extra: Any) -> None:
+def save_bundle(
+    path: Path, kind: str, model_config: ModelConfig, state_dict: dict[str, torch.Tensor], **extra: Any
+) -> None:
     """Write a bundle; ``extra`` holds plain Python values (lists, dicts, strings, numbers)."""
     payload = {
         "kind": kind,
@@ -44,4 +45,4 @@ def load_bundle(stage_dir: str | Path, kind: str) -> dict[str, Any]:
 
 def task_state_dict(task: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The wrapped model's weights from a Lightning task (keys without the 'model.' prefix)."""
-    return {k[len("model."):]: v for k, v in task.state_dict().items() if k.startswith("model.")}
+    return {k[len("model.") :]: v for k, v in task.state_dict().items() if k.startswith("model.")}

@@ -50,7 +50,7 @@ def score(
     rows = np.arange(len(seqs)) if rows is None else np.asarray(rows, dtype=np.int64)
     cuts = seqs.lengths[rows] if cuts is None else np.asarray(cuts, dtype=np.int64)
     dataset, collate = labelled_dataset(seqs, rows, cuts, None, None, model.pooling)
-    order = np.argsort(dataset.lengths, kind="stable")
+    order = np.argsort(dataset.lengths, kind="stable")  # type: ignore[attr-defined]
     out = np.zeros((len(rows), model.num_labels), dtype=np.float32)
     autocast = device.type == "cuda" and torch.cuda.is_bf16_supported()
     for start in tqdm(range(0, len(order), batch_size), desc="scoring", disable=not progress, unit="batch"):

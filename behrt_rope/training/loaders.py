@@ -22,7 +22,10 @@ def make_loader(
     bucket = cfg.bucket_size if shuffle else 1_000_000  # evaluation: one global sort, least padding
     sampler = BucketBatchSampler(lengths, batch_size or cfg.batch_size, bucket, shuffle, cfg.seed)
     return torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, collate_fn=collate, num_workers=cfg.num_workers,
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=collate,
+        num_workers=cfg.num_workers,
         persistent_workers=cfg.num_workers > 0,
     )
 

@@ -117,8 +117,17 @@ class MaskedLMTask(_Task):
         hits1 = (top5[:, 0] == out.labels).sum()
         hits5 = (top5 == out.labels[:, None]).any(dim=-1).sum()
         device = out.loss.device
-        self._val.append(torch.stack([torch.tensor(batch_key(batch), device=device), out.loss.detach().float() * n,
-                                      hits1.float(), hits5.float(), torch.tensor(float(n), device=device)]))
+        self._val.append(
+            torch.stack(
+                [
+                    torch.tensor(batch_key(batch), device=device),
+                    out.loss.detach().float() * n,
+                    hits1.float(),
+                    hits5.float(),
+                    torch.tensor(float(n), device=device),
+                ]
+            )
+        )
 
     def on_validation_epoch_end(self) -> None:
         """Sum the batches of all ranks, each batch once: a batch repeated to even out DDP shards is dropped."""
@@ -172,8 +181,9 @@ class MultiLabelTask(_Task):
         # per-sample mean over labels; the mean of these is multilabel_loss (every sample has L terms)
         losses = F.binary_cross_entropy_with_logits(logits, targets, pos_weight=weight, reduction="none").mean(1)
         ident = torch.tensor([batch_key(batch), float(self.global_rank), float(len(self._rows))], device=logits.device)
-        self._rows.append(torch.cat([ident.expand(len(logits), 3), losses[:, None], torch.sigmoid(logits), targets],
-                                    dim=1).detach())
+        self._rows.append(
+            torch.cat([ident.expand(len(logits), 3), losses[:, None], torch.sigmoid(logits), targets], dim=1).detach()
+        )
 
     def on_validation_epoch_end(self) -> None:
         """Loss and macro AP over every rank's samples, each sample once (DDP repeats dropped)."""
@@ -186,8 +196,12 @@ class MultiLabelTask(_Task):
             return
         scores, targets = rows[:, 4 : 4 + labels], rows[:, 4 + labels :]
         self.log("val/loss", rows[:, 3].mean(), sync_dist=True)
-        self.log("val/macro_ap", macro_average_precision(targets.cpu().numpy(), scores.cpu().numpy()),
-                 prog_bar=True, sync_dist=True)
+        self.log(
+            "val/macro_ap",
+            macro_average_precision(targets.cpu().numpy(), scores.cpu().numpy()),
+            prog_bar=True,
+            sync_dist=True,
+        )
 
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return torch.sigmoid(self(batch).float())

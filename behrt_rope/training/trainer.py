@@ -44,16 +44,26 @@ def loggers(out_dir: Path) -> list[Logger]:
 def build_trainer(cfg: TrainerConfig, out_dir: Path, monitor: str | None, mode: str) -> pl.Trainer:
     """Checkpoints ``checkpoints/best.ckpt`` (by ``monitor``) and ``checkpoints/last.ckpt``."""
     checkpoint = ModelCheckpoint(
-        dirpath=out_dir / S.CHECKPOINT_DIR, filename=Path(S.BEST_CHECKPOINT).stem, monitor=monitor, mode=mode,
-        save_last=True, save_top_k=1, enable_version_counter=False,
+        dirpath=out_dir / S.CHECKPOINT_DIR,
+        filename=Path(S.BEST_CHECKPOINT).stem,
+        monitor=monitor,
+        mode=mode,
+        save_last=True,
+        save_top_k=1,
+        enable_version_counter=False,
     )
     callbacks: list[pl.Callback] = [checkpoint, LearningRateMonitor(logging_interval="step")]
     if monitor and cfg.early_stopping_patience > 0:
         callbacks.append(EarlyStopping(monitor=monitor, mode=mode, patience=cfg.early_stopping_patience, strict=False))
     devices: int | str = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
     precision = resolve_precision(cfg)
-    log.info("trainer: precision %s, accelerator %s, devices %s, strategy %s", precision, cfg.accelerator,
-             devices, cfg.strategy)
+    log.info(
+        "trainer: precision %s, accelerator %s, devices %s, strategy %s",
+        precision,
+        cfg.accelerator,
+        devices,
+        cfg.strategy,
+    )
     return pl.Trainer(
         default_root_dir=out_dir,
         max_epochs=cfg.max_epochs,

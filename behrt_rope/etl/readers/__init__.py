@@ -20,4 +20,5 @@ class Reader(Protocol):
 def reader_for(fmt: str) -> Reader:
     """The ``read`` function of format ``fmt`` (visits, meds or omop)."""
     module = importlib.import_module(f"behrt_rope.etl.readers.{fmt}")
-    return module.read  # type: ignore[no-any-return]
+    reader: Reader = module.read
+    return reader

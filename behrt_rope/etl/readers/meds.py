@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -213,8 +213,13 @@ def _patients(picked: dict[str, list[pa.Table]], notes: dict[str, Any]) -> tuple
         mine = files == name
         frames.append(
             patients_frame(
-                ids[mine], io.parse_times(births[S.MEDS_TIME])[mine], io.to_text(births[S.MEDS_TIME])[mine],
-                death[mine], death_raw[mine], str(name), births[_ROW].to_numpy()[mine],
+                ids[mine],
+                io.parse_times(births[S.MEDS_TIME])[mine],
+                io.to_text(births[S.MEDS_TIME])[mine],
+                death[mine],
+                death_raw[mine],
+                str(name),
+                births[_ROW].to_numpy()[mine],
             )
         )
     notes["meds.birth_events"] = births.num_rows
@@ -223,7 +228,10 @@ def _patients(picked: dict[str, list[pa.Table]], notes: dict[str, Any]) -> tuple
 
 
 def _diagnoses(
-    picked: dict[str, list[pa.Table]], meds: MedsConfig, birth_ids: np.ndarray, notes: dict[str, Any],
+    picked: dict[str, list[pa.Table]],
+    meds: MedsConfig,
+    birth_ids: np.ndarray,
+    notes: dict[str, Any],
     max_invalid: float,
 ) -> pd.DataFrame:
     """Canonical event rows of the diagnoses, with code system, visit id and the missing_birth finding."""
@@ -254,11 +262,18 @@ def _diagnoses(
     for name in pd.unique(files):
         mine = files == name
         if not pa.types.is_temporal(found[S.MEDS_TIME].type):
-            io.check_parse_rate(Path(str(name)), S.MEDS_TIME, found[S.MEDS_TIME].filter(pa.array(mine)), time[mine],
-                                max_invalid)
+            io.check_parse_rate(
+                Path(str(name)), S.MEDS_TIME, found[S.MEDS_TIME].filter(pa.array(mine)), time[mine], max_invalid
+            )
         frame = events_frame(
-            ids[mine], time[mine], time_raw[mine], code[mine], system[mine],
-            None if visit is None else visit[mine], str(name), rows[mine],
+            ids[mine],
+            time[mine],
+            time_raw[mine],
+            code[mine],
+            system[mine],
+            None if visit is None else visit[mine],
+            str(name),
+            rows[mine],
         )
         frames.append(_with_reason(frame, reason[mine]))
     return pd.concat(frames, ignore_index=True)
@@ -303,12 +318,14 @@ def _admission_visits(
     events = events[~np.isnat(time)].sort_values("t")
     if len(events) and len(stays):
         start = np.full(len(ids), np.datetime64("NaT"), dtype="datetime64[us]")
-        for direction, key in (("forward", "end"), ("backward", "start")):
+        directions: tuple[tuple[Literal["forward", "backward"], str], ...] = (("forward", "end"), ("backward", "start"))
+        for direction, key in directions:
             todo = events[np.isnat(start[events["row"].to_numpy()])]
             if not len(todo):
                 break
-            matched = pd.merge_asof(todo, stays.sort_values(key), left_on="t", right_on=key, by="id",
-                                    direction=direction)
+            matched = pd.merge_asof(
+                todo, stays.sort_values(key), left_on="t", right_on=key, by="id", direction=direction
+            )
             inside = (matched["start"] <= matched["t"]) & (matched["t"] <= matched["end"])
             rows = matched["row"].to_numpy()[inside.to_numpy()]
             start[rows] = matched["start"].to_numpy(dtype="datetime64[us]")[inside.to_numpy()]

@@ -135,8 +135,7 @@ def integer_text(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
     text = io.to_text(array)
     if pa.types.is_integer(t) or not len(text):
         return text
-    return io.to_text(pc.replace_substring_regex(pa.array(text, pa.string()), pattern=FLOAT_PRINTED,
-                                                 replacement=r"\1"))
+    return io.to_text(pc.replace_substring_regex(pa.array(text, pa.string()), pattern=FLOAT_PRINTED, replacement=r"\1"))
 
 
 def _float_text(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -148,9 +147,7 @@ def _float_text(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
         text = pc.cast(array, pa.string())
         return io.to_text(pc.replace_substring_regex(text, pattern=FLOAT_PRINTED, replacement=r"\1"))
     values = pc.cast(array, pa.float64())
-    integral = pc.fill_null(
-        pc.and_(pc.equal(pc.floor(values), values), pc.less(pc.abs(values), 9.0e18)), False
-    )
+    integral = pc.fill_null(pc.and_(pc.equal(pc.floor(values), values), pc.less(pc.abs(values), 9.0e18)), False)
     as_int = pc.cast(pc.if_else(integral, values, 0.0), pa.int64())
     text = pc.if_else(integral, pc.cast(as_int, pa.string()), pc.cast(values, pa.string()))
     return io.to_text(text)
@@ -171,7 +168,7 @@ def _in_shard(ids: np.ndarray, shard: int, n_shards: int) -> np.ndarray:
     return shard_of(ids, n_shards) == shard
 
 
-def _times(batch: pa.Table, path: Path, columns: tuple[str, str], limit: float) -> tuple[np.ndarray, np.ndarray]:
+def _times(batch: pa.Table, path: Path, columns: tuple[str, ...], limit: float) -> tuple[np.ndarray, np.ndarray]:
     """Parsed time and raw text from the first of ``columns`` (datetime) that parses, else the second (date)."""
     time = np.full(batch.num_rows, np.datetime64("NaT"), dtype="datetime64[us]")
     raw = np.full(batch.num_rows, "", dtype=object)
@@ -203,8 +200,12 @@ def _deaths(
         counts.rows[name] += int(keep.sum())
         counts.filtered[name] += int(keep.sum())  # a lookup: its facts land in the person rows
         frames.append(pd.DataFrame({"id": ids[keep], "time": time[keep], "raw": raw[keep]}))
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        {"id": pd.Series(dtype=object), "time": pd.Series(dtype="datetime64[us]"), "raw": pd.Series(dtype=object)}
+    frame = (
+        pd.concat(frames, ignore_index=True)
+        if frames
+        else pd.DataFrame(
+            {"id": pd.Series(dtype=object), "time": pd.Series(dtype="datetime64[us]"), "raw": pd.Series(dtype=object)}
+        )
     )
     notes["omop.death_rows"] = len(frame)
     frame = frame[frame["id"] != ""].sort_values(["id", "time"], na_position="last", kind="stable")
@@ -215,12 +216,23 @@ def _deaths(
 
 
 def _persons(
-    input_dir: Path, config: EtlConfig, shard: int, n_shards: int, deaths: pd.DataFrame, counts: _Counts,
+    input_dir: Path,
+    config: EtlConfig,
+    shard: int,
+    n_shards: int,
+    deaths: pd.DataFrame,
+    counts: _Counts,
     notes: dict[str, Any],
 ) -> tuple[pd.DataFrame, bool]:
     """One canonical patient row per person row; and whether person ids are integers."""
-    wanted = (S.OMOP_PERSON_ID, S.OMOP_BIRTH_DATETIME, S.OMOP_YEAR_OF_BIRTH, S.OMOP_MONTH_OF_BIRTH,
-              S.OMOP_DAY_OF_BIRTH, S.OMOP_DEATH_DATETIME)
+    wanted = (
+        S.OMOP_PERSON_ID,
+        S.OMOP_BIRTH_DATETIME,
+        S.OMOP_YEAR_OF_BIRTH,
+        S.OMOP_MONTH_OF_BIRTH,
+        S.OMOP_DAY_OF_BIRTH,
+        S.OMOP_DEATH_DATETIME,
+    )
     required = (S.OMOP_PERSON_ID, f"{S.OMOP_YEAR_OF_BIRTH}|{S.OMOP_BIRTH_DATETIME}")
     frames, integer_ids = [], True
     from_parts = 0
@@ -266,11 +278,13 @@ def _birth_from_parts(batch: pa.Table, path: Path) -> tuple[np.ndarray, np.ndarr
     year = parts[S.OMOP_YEAR_OF_BIRTH]
     year = np.where((year >= 1) & (year <= 9999), year, np.nan)
     dates = pd.to_datetime(
-        pd.DataFrame({
-            "year": year,
-            "month": np.nan_to_num(parts[S.OMOP_MONTH_OF_BIRTH], nan=1.0),
-            "day": np.nan_to_num(parts[S.OMOP_DAY_OF_BIRTH], nan=1.0),
-        }),
+        pd.DataFrame(
+            {
+                "year": year,
+                "month": np.nan_to_num(parts[S.OMOP_MONTH_OF_BIRTH], nan=1.0),
+                "day": np.nan_to_num(parts[S.OMOP_DAY_OF_BIRTH], nan=1.0),
+            }
+        ),
         errors="coerce",
     ).to_numpy(dtype="datetime64[us]")
     raw = pd.Series(raws[S.OMOP_YEAR_OF_BIRTH], dtype=object).radd(f"{S.OMOP_YEAR_OF_BIRTH}=")
@@ -283,10 +297,18 @@ def _visits(
     input_dir: Path, config: EtlConfig, shard: int, n_shards: int, counts: _Counts, notes: dict[str, Any]
 ) -> pd.DataFrame | None:
     """Per visit id (index): person, first and last day; None without a visit_occurrence table."""
-    wanted = (S.OMOP_VISIT_OCCURRENCE_ID, S.OMOP_PERSON_ID, S.OMOP_VISIT_START_DATETIME, S.OMOP_VISIT_START_DATE,
-              S.OMOP_VISIT_END_DATETIME, S.OMOP_VISIT_END_DATE)
+    wanted = (
+        S.OMOP_VISIT_OCCURRENCE_ID,
+        S.OMOP_PERSON_ID,
+        S.OMOP_VISIT_START_DATETIME,
+        S.OMOP_VISIT_START_DATE,
+        S.OMOP_VISIT_END_DATETIME,
+        S.OMOP_VISIT_END_DATE,
+    )
     required = (
-        S.OMOP_VISIT_OCCURRENCE_ID, S.OMOP_PERSON_ID, f"{S.OMOP_VISIT_START_DATE}|{S.OMOP_VISIT_START_DATETIME}"
+        S.OMOP_VISIT_OCCURRENCE_ID,
+        S.OMOP_PERSON_ID,
+        f"{S.OMOP_VISIT_START_DATE}|{S.OMOP_VISIT_START_DATETIME}",
     )
     frames = []
     seen = False
@@ -301,11 +323,16 @@ def _visits(
         end, _ = _times(batch, path, (S.OMOP_VISIT_END_DATETIME, S.OMOP_VISIT_END_DATE), limit)
         counts.rows[name] += int(keep.sum())
         counts.filtered[name] += int(keep.sum())  # a lookup: conditions carry the visit id themselves
-        frames.append(pd.DataFrame({
-            "visit": integer_text(batch[S.OMOP_VISIT_OCCURRENCE_ID])[keep], "person": ids[keep],
-            "start": start[keep].astype("datetime64[D]").astype("datetime64[us]"),
-            "end": np.where(np.isnat(end), start, end)[keep].astype("datetime64[D]").astype("datetime64[us]"),
-        }))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "visit": integer_text(batch[S.OMOP_VISIT_OCCURRENCE_ID])[keep],
+                    "person": ids[keep],
+                    "start": start[keep].astype("datetime64[D]").astype("datetime64[us]"),
+                    "end": np.where(np.isnat(end), start, end)[keep].astype("datetime64[D]").astype("datetime64[us]"),
+                }
+            )
+        )
     if not seen:
         notes["omop.visit_occurrence"] = "absent: visits come from condition visit ids only"
         return None
@@ -320,8 +347,13 @@ def _conditions(
     """One canonical event row per condition_occurrence row."""
     omop = config.omop
     code_column = S.OMOP_CONDITION_CONCEPT_ID if omop.code_source == "concept_id" else S.OMOP_CONDITION_SOURCE_VALUE
-    wanted = (S.OMOP_PERSON_ID, code_column, S.OMOP_CONDITION_START_DATETIME, S.OMOP_CONDITION_START_DATE,
-              S.OMOP_VISIT_OCCURRENCE_ID)
+    wanted = (
+        S.OMOP_PERSON_ID,
+        code_column,
+        S.OMOP_CONDITION_START_DATETIME,
+        S.OMOP_CONDITION_START_DATE,
+        S.OMOP_VISIT_OCCURRENCE_ID,
+    )
     required = (S.OMOP_PERSON_ID, code_column, f"{S.OMOP_CONDITION_START_DATE}|{S.OMOP_CONDITION_START_DATETIME}")
     frames = []
     stats: Counter[str] = Counter()
@@ -338,14 +370,23 @@ def _conditions(
         if path not in float_printed:
             float_printed[path] = code_column == S.OMOP_CONDITION_SOURCE_VALUE and _float_printed_file(path)
         code = _codes(batch[code_column], code_column, float_printed[path], keep, stats)
-        visit = integer_text(batch[S.OMOP_VISIT_OCCURRENCE_ID]) if S.OMOP_VISIT_OCCURRENCE_ID in batch.column_names \
+        visit = (
+            integer_text(batch[S.OMOP_VISIT_OCCURRENCE_ID])
+            if S.OMOP_VISIT_OCCURRENCE_ID in batch.column_names
             else None
+        )
         zero = (code == NO_CONCEPT) & (code_column == S.OMOP_CONDITION_CONCEPT_ID) & omop.skip_zero_concept
         stats["zero"] += int((zero & keep).sum())
         counts.rows[name] += int(keep.sum())
         frame = events_frame(
-            ids[keep], time[keep], time_raw[keep], code[keep], np.full(int(keep.sum()), omop.code_system, dtype=object),
-            None if visit is None else visit[keep], name, (first_row + np.arange(batch.num_rows))[keep],
+            ids[keep],
+            time[keep],
+            time_raw[keep],
+            code[keep],
+            np.full(int(keep.sum()), omop.code_system, dtype=object),
+            None if visit is None else visit[keep],
+            name,
+            (first_row + np.arange(batch.num_rows))[keep],
         )
         frame[S.REASON] = np.where(zero[keep], S.Reason.NO_MATCHING_CONCEPT, "").astype(object)
         frames.append(frame)
@@ -423,4 +464,3 @@ def _visit_notes(events: pd.DataFrame, visits: pd.DataFrame | None, notes: dict[
 
 
 __all__ = ["find_table", "integer_text", "read"]
-

@@ -35,9 +35,13 @@ def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) 
         rows = first_row + np.arange(batch.num_rows)
         patients.append(
             patients_frame(
-                ids[keep], birth[keep], io.text_array(batch[S.BIRTH_DATE])[keep],
-                None if death is None else death[keep], None if death_raw is None else death_raw[keep],
-                name, rows[keep],
+                ids[keep],
+                birth[keep],
+                io.text_array(batch[S.BIRTH_DATE])[keep],
+                None if death is None else death[keep],
+                None if death_raw is None else death_raw[keep],
+                name,
+                rows[keep],
             )
         )
     events = []
@@ -51,8 +55,13 @@ def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) 
         rows_read[name] = rows_read.get(name, 0) + int(keep.sum())
         events.append(
             events_frame(
-                ids[keep], time[keep], io.text_array(batch[S.DATE])[keep], io.text_array(batch[S.CODE])[keep],
-                optional.get(S.CODE_SYSTEM), optional.get(S.VISIT_ID), name,
+                ids[keep],
+                time[keep],
+                io.text_array(batch[S.DATE])[keep],
+                io.text_array(batch[S.CODE])[keep],
+                optional.get(S.CODE_SYSTEM),
+                optional.get(S.VISIT_ID),
+                name,
                 (first_row + np.arange(batch.num_rows))[keep],
             )
         )
@@ -80,8 +89,14 @@ def _batches(input_dir: Path, table: str, config: EtlConfig) -> Iterator[tuple[P
 
 
 _KINDS = {
-    S.PATIENT_ID: "id", S.BIRTH_DATE: "time", S.DEATH_DATE: "time", S.DATE: "time",
-    S.CODE: "code", S.VISIT_ID: "id", S.CODE_SYSTEM: "code", S.SEX: "code",
+    S.PATIENT_ID: "id",
+    S.BIRTH_DATE: "time",
+    S.DEATH_DATE: "time",
+    S.DATE: "time",
+    S.CODE: "code",
+    S.VISIT_ID: "id",
+    S.CODE_SYSTEM: "code",
+    S.SEX: "code",
 }
 
 
