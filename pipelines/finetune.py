@@ -131,8 +131,9 @@ def run(config: Config) -> Path:
                 pos_weight=pos_weight,
                 weights_only=False,
             )
+        # every rank validates (a collective under DDP); only rank 0 writes
+        val = trainer.validate(task, val_loader, verbose=False)[0] if val_loader is not None else {}
         if trainer.is_global_zero:
-            val = trainer.validate(task, val_loader, verbose=False)[0] if val_loader is not None else {}
             metrics = {
                 "task": config.task.name,
                 "labels": len(label_ids),

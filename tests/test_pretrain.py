@@ -88,8 +88,9 @@ def test_resume_last_continues_training(pretrained: Path, etl_dir: Path, tmp_pat
     assert metrics["steps"] == checkpoint_step(last) == 2 * steps_before
 
 
-def test_resume_from_a_missing_checkpoint_is_a_user_error(etl_dir: Path, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_from_a_missing_checkpoint_is_a_user_error(
+    etl_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main([*pretrain_argv(etl_dir, tmp_path / "none"), "--resume", "last"]) == 1
     assert "checkpoint to resume from not found" in capsys.readouterr().err
 
@@ -125,16 +126,20 @@ CLS, SEP, PAD, MASK = S.CLS_ID, S.SEP_ID, S.PAD_ID, S.MASK_ID
 
 def golden_batch() -> dict[str, torch.Tensor]:
     """Three patients, already masked by hand: ``labels`` hold the original code where one was chosen."""
-    original = torch.tensor([
-        [CLS, 5, 6, SEP, 7, 8, 9, SEP, 10, SEP],
-        [CLS, 11, SEP, 12, 13, SEP, PAD, PAD, PAD, PAD],
-        [CLS, 14, 15, 16, SEP, 17, SEP, 18, 19, SEP],
-    ])
-    visit_index = torch.tensor([
-        [0, 0, 0, 0, 1, 1, 1, 1, 2, 2],
-        [0, 0, 0, 1, 1, 1, 0, 0, 0, 0],
-        [0, 0, 0, 0, 0, 1, 1, 2, 2, 2],
-    ])
+    original = torch.tensor(
+        [
+            [CLS, 5, 6, SEP, 7, 8, 9, SEP, 10, SEP],
+            [CLS, 11, SEP, 12, 13, SEP, PAD, PAD, PAD, PAD],
+            [CLS, 14, 15, 16, SEP, 17, SEP, 18, 19, SEP],
+        ]
+    )
+    visit_index = torch.tensor(
+        [
+            [0, 0, 0, 0, 1, 1, 1, 1, 2, 2],
+            [0, 0, 0, 1, 1, 1, 0, 0, 0, 0],
+            [0, 0, 0, 0, 0, 1, 1, 2, 2, 2],
+        ]
+    )
     chosen = torch.zeros_like(original, dtype=torch.bool)
     chosen[0, [2, 5, 8]] = chosen[1, [1, 4]] = chosen[2, [3, 7]] = True
     token_ids = original.clone()
@@ -156,8 +161,9 @@ class LossRecorder(pl.Callback):
     def __init__(self) -> None:
         self.losses: list[float] = []
 
-    def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, outputs: object,
-                           batch: object, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, module: pl.LightningModule, outputs: object, batch: object, batch_idx: int
+    ) -> None:
         assert isinstance(outputs, dict)
         self.losses.append(float(outputs["loss"]))
 
@@ -175,10 +181,22 @@ def train_losses(tmp_path: Path, steps: int, trainer_config: TrainerConfig, mode
 
 
 def golden_configs() -> tuple[TrainerConfig, ModelConfig]:
-    trainer_config = TrainerConfig(max_steps=5, learning_rate=1e-2, accelerator="cpu", devices="1",
-                                   precision="32-true", progress_bar=False, early_stopping_patience=0)
-    model_config = ModelConfig(vocab_size=20, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
-                               dropout=0.0, time2vec_periodic=4)
+    trainer_config = TrainerConfig(
+        max_steps=5,
+        learning_rate=1e-2,
+        weight_decay=0.01,
+        warmup_fraction=0.1,
+        schedule="linear",
+        gradient_clip=1.0,
+        accelerator="cpu",
+        devices="1",
+        precision="32-true",
+        progress_bar=False,
+        early_stopping_patience=0,
+    )
+    model_config = ModelConfig(
+        vocab_size=20, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, dropout=0.0, time2vec_periodic=4
+    )
     return trainer_config, model_config
 
 
@@ -195,13 +213,20 @@ def test_loss_curve_matches_golden_values(tmp_path: Path) -> None:
 def test_ddp_gloo_on_two_cpu_processes(etl_dir: Path, pretrained: Path, tmp_path: Path) -> None:
     out = tmp_path / "ddp"
     argv = pretrain_argv(
-        etl_dir, out, "trainer.strategy=ddp", "trainer.ddp_backend=gloo", "trainer.accelerator=cpu",
-        "trainer.devices=2", "trainer.max_steps=4", max_epochs=10,
+        etl_dir,
+        out,
+        "trainer.strategy=ddp",
+        "trainer.ddp_backend=gloo",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.max_steps=4",
+        max_epochs=10,
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     # Lightning's launcher re-runs this very command line once per extra rank.
-    done = subprocess.run([sys.executable, "-m", "behrt_rope", *argv], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "behrt_rope", *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_metrics(out)
     assert metrics["steps"] == 4 and math.isfinite(metrics["mlm_loss"])

@@ -5,12 +5,14 @@ chosen token becomes ``[MASK]`` with probability 0.8, a random code with probabi
 with probability 0.1; the loss is taken at every chosen token. Overall, of the eligible tokens: 12% masked,
 1.5% replaced, 1.5% unchanged but predicted, 85% not chosen (of the chosen: 80/10/10).
 
-Two departures from BEHRT's released code, which deviated from its paper:
+Departures from BEHRT's released code, which deviated from its paper (details in docs/model.md):
 
 - Only real codes are eligible (id >= ``N_SPECIAL``): ``[PAD]``, ``[CLS]``, ``[SEP]``, ``[MASK]`` and
-  ``[UNK]`` are never chosen (the released code could choose ``[SEP]`` and friends).
-- The "unchanged" tokens keep their label, so they count in the loss (the released code set their label to the
-  ignore index, silently dropping that 10%).
+  ``[UNK]`` are never chosen (the released code could choose ``[CLS]``, ``[SEP]`` and friends).
+- The "unchanged" tokens are kept in place with their label, so they count in the loss and every later token
+  stays aligned with its own label (the released code's "unchanged" branch lost those tokens from the loss
+  and shifted the rest of the sequence against its labels).
+- Random replacements come from the real codes only, not from the whole vocabulary.
 
 A random replacement is drawn uniformly from the real codes ``[N_SPECIAL, vocab_size)``, so it may equal the
 original code (probability ``1 / (vocab_size - N_SPECIAL)``), as in BERT.
