@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -188,7 +189,5 @@ def _encoder_start(config: Config, tokens: list[str]) -> tuple[ModelConfig, dict
 
 
 def _etl_settings(etl_dir: str) -> dict:
-    import json
-
     path = Path(etl_dir) / S.ETL_SETTINGS_FILE
     return json.loads(path.read_text()) if path.exists() else {}

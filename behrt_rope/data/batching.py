@@ -14,6 +14,12 @@ import torch
 from behrt_rope import schema as S
 
 FIELDS = ("token_ids", "ages", "segments", "visit_index")
+INPUTS = (*FIELDS, "attention_mask")  # what the encoder's forward takes from a padded batch
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The encoder's inputs from a padded batch dict."""
+    return {name: batch[name] for name in INPUTS}
 
 
 def pad_batch(items: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:

@@ -8,11 +8,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from behrt_rope.data.batching import model_inputs
 from behrt_rope.data.datasets import VisitScoredDataset, labelled_dataset
 from behrt_rope.data.sequences import Sequences
 from behrt_rope.model.heads import BehrtForMultiLabel
-
-INPUTS = ("token_ids", "ages", "segments", "visit_index", "attention_mask")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -57,7 +56,7 @@ def score(
         index = order[start : start + batch_size]
         batch = {k: v.to(device) for k, v in collate([dataset[int(i)] for i in index]).items()}
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(**{name: batch[name] for name in INPUTS}, score_at=batch.get("score_at"))
+            logits = model(**model_inputs(batch), score_at=batch.get("score_at"))
         out[_sample_ids(dataset, index)] = torch.sigmoid(logits.float()).cpu().numpy()
     return out
 

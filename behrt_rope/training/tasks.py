@@ -13,17 +13,11 @@ import torch
 from sklearn.metrics import average_precision_score
 from torch.nn import functional as F
 
+from behrt_rope.data.batching import model_inputs
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.heads import BehrtForMaskedLM, BehrtForMultiLabel, multilabel_loss
 from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.optim import build_optimizer
-
-INPUTS = ("token_ids", "ages", "segments", "visit_index", "attention_mask")
-
-
-def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The encoder's inputs from a batch dict."""
-    return {name: batch[name] for name in INPUTS}
 
 
 def batch_key(batch: dict[str, torch.Tensor]) -> float:
