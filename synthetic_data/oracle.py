@@ -26,7 +26,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from behrt_rope.schema import CODE, PATIENT_ID, PROBABILITY, PREDICTION_TIME
+from behrt_rope.schema import CODE, PATIENT_ID, PREDICTION_TIME, PROBABILITY
 from synthetic_data.generator import SynthConfig, _Catalogue, _Simulation, patient_ids
 
 ORACLE_SEED_OFFSET = 7_919
@@ -124,9 +124,7 @@ def _one_more_visit(sim: _Simulation) -> tuple[np.ndarray, np.ndarray]:
     return copy, code
 
 
-def _as_table(
-    cfg: SynthConfig, states: dict[str, np.ndarray], counts: np.ndarray, totals: np.ndarray
-) -> pd.DataFrame:
+def _as_table(cfg: SynthConfig, states: dict[str, np.ndarray], counts: np.ndarray, totals: np.ndarray) -> pd.DataFrame:
     cat = _Catalogue()
     ok = totals > 0  # a cut with no surviving copy (death almost certain) has no defined probability
     rows, cols = np.nonzero(counts[ok])
