@@ -1,7 +1,7 @@
 """Prediction quality on synthetic cohorts of different shapes: model against both references and the oracle.
 
     python benchmarks/quality.py [--cohorts default short_sparse long_dense] [--patients 5000]
-                                 [--work DIR] [--oracle-replicas 300] [--markdown FILE]
+                                 [--work DIR] [--oracle-replicas 300] [--markdown FILE] [--ablate-wide]
                                  [-- extra overrides for pretrain and finetune, e.g. trainer.max_epochs=2]
 
 For each cohort: ``behrt-rope synth`` (with ``oracle=true``) -> ``etl`` -> ``pretrain`` -> ``finetune
@@ -12,6 +12,8 @@ the model, the logistic regression, the gradient-boosted model and the oracle on
 the oracle's cuts (with 95% bootstrap intervals), the share of the logistic-regression-to-oracle gap each
 closes (macro AP, with a paired interval), the same predictors on every held-out sample (no oracle), and the
 CPU and wall seconds of each stage (CPU: user + system of the stage's process and its children). With
+``--ablate-wide`` a second model is fine-tuned from the same pre-trained encoder with ``model.wide=false``
+and scored at the same cuts (row ``model_without_wide_path``): what the encoder earns on its own. With
 ``--markdown FILE`` it also writes the table that ``docs/benchmarks.md`` shows.
 
 The cohorts differ in structure, and their seeds are ones the defaults were never tuned on:
@@ -67,7 +69,9 @@ def stage(command: str, *args: str) -> dict[str, float]:
     return {"cpu_s": round(cpu, 1), "wall_s": round(time.perf_counter() - started, 1)}
 
 
-def run_cohort(work: Path, name: str, patients: int, replicas: int, extra: list[str]) -> dict[str, Any]:
+def run_cohort(
+    work: Path, name: str, patients: int, replicas: int, extra: list[str], ablate_wide: bool = False
+) -> dict[str, Any]:
     """Every stage on one cohort; the figures of its evaluation and the cost of each stage."""
     d = {s: work / name / s for s in ("cohort", "etl", "pretrain", "finetune", "evaluate")}
     seconds = {
@@ -108,10 +112,39 @@ def run_cohort(work: Path, name: str, patients: int, replicas: int, extra: list[
             "progress=false",
         ),
     }
+    if ablate_wide:  # the encoder alone: same pre-trained encoder, the wide path off
+        alone, alone_eval = work / name / "finetune_no_wide", work / name / "evaluate_no_wide"
+        seconds["finetune_no_wide"] = stage(
+            "finetune",
+            "--data",
+            str(d["etl"]),
+            "--out",
+            str(alone),
+            "--pretrained",
+            str(d["pretrain"]),
+            "trainer.progress_bar=false",
+            "model.wide=false",
+            *extra,
+        )
+        seconds["evaluate_no_wide"] = stage(
+            "evaluate",
+            "--model",
+            str(alone),
+            "--data",
+            str(d["etl"]),
+            "--out",
+            str(alone_eval),
+            f"oracle={d['cohort']}",
+            "progress=false",
+            "gradient_boosting=false",
+        )
     metrics = json.loads((d["evaluate"] / "metrics.json").read_text())
     finetune = json.loads((d["finetune"] / "metrics.json").read_text())
     manifest = json.loads((d["etl"] / "manifest.json").read_text())
     ceiling = metrics["ceiling"]
+    if ablate_wide:
+        alone_ceiling = json.loads((work / name / "evaluate_no_wide" / "metrics.json").read_text())["ceiling"]
+        ceiling["predictors"]["model_without_wide_path"] = alone_ceiling["predictors"]["model"]
     return {
         "patients": manifest["patients"]["with_tokens"],
         "tokens_per_patient": manifest["sequence_length"]["mean"],
@@ -127,7 +160,7 @@ def run_cohort(work: Path, name: str, patients: int, replicas: int, extra: list[
                     },
                     "gap_closed": ceiling["predictors"][p]["gap_closed"],
                 }
-                for p in PREDICTORS
+                for p in PREDICTORS + ("model_without_wide_path",) * ablate_wide
             },
         },
         "all_held_out": {
@@ -154,7 +187,7 @@ def markdown(results: dict[str, Any]) -> str:
         "|---|---|---:|---:|---:|---:|",
     ]
     for cohort, r in results["cohorts"].items():
-        for p in PREDICTORS:
+        for p in [p for p in (*PREDICTORS, "model_without_wide_path") if p in r["at_oracle_cuts"]]:
             e = r["at_oracle_cuts"][p]
             gap = e["gap_closed"]
             closed = "–" if gap["point"] is None else f"{100 * gap['point']:.0f}%"
@@ -168,8 +201,8 @@ def markdown(results: dict[str, Any]) -> str:
             )
     lines += [
         "",
-        "| cohort | patients | held-out samples at cuts | pretrain + finetune CPU s (wall s) |",
-        "|---|---:|---:|---:|",
+        "| cohort | patients | mean tokens per patient | held-out samples at cuts | train CPU s (wall s) |",
+        "|---|---:|---:|---:|---:|",
     ]
     for cohort, r in results["cohorts"].items():
         lines.append(
@@ -186,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--oracle-replicas", type=int, default=300)
     parser.add_argument("--work", type=Path, default=None, help="keep every stage's output here")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the docs table here")
+    parser.add_argument(
+        "--ablate-wide", action="store_true", help="also fine-tune and score the model without its wide path"
+    )
     parser.add_argument("extra", nargs="*", help="overrides passed to pretrain and finetune")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="behrt_quality_") as tmp:
@@ -199,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         for name in args.cohorts:
             print(f"quality: cohort {name}", file=sys.stderr, flush=True)
-            results["cohorts"][name] = run_cohort(work, name, args.patients, args.oracle_replicas, args.extra)
+            results["cohorts"][name] = run_cohort(
+                work, name, args.patients, args.oracle_replicas, args.extra, args.ablate_wide
+            )
     print(json.dumps(results, indent=2))
     if args.markdown:
         args.markdown.write_text(markdown(results))

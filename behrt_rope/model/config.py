@@ -48,10 +48,11 @@ class ModelConfig:
     max_positions: int = 512
     """Size of the sinusoidal table for position_encoding=absolute."""
     layer_norm_eps: float = 1e-12
-    label_attention_heads: int = 4
+    label_attention_heads: int = 0
     """Fine-tuning head (visit pooling): heads of the per-label attention over the history, in which each
     label has its own query; half rotate by visit index, half by age in days (0: no label attention).
-    Head settings apply at finetune even with --pretrained (pre-training has no such head)."""
+    Head settings apply at finetune even with --pretrained (pre-training has no such head). Off by default:
+    on our tuning cohort it cost 20-30% more time per epoch and gained nothing (docs/benchmarks.md)."""
     wide: bool = True
     """Fine-tuning head (visit pooling): add the wide linear path over log(1 + count) of each code seen."""
 
