@@ -63,9 +63,12 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     """Without --pretrained, the whole model; with it, only the head's settings (label_attention_heads,
     wide): a pre-trained encoder brings its own configuration."""
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=20, learning_rate=3e-3))
-    """Fine-tuning defaults: 20 epochs at a peak learning rate of 3e-3 (chosen on the tuning split, see
-    docs/benchmarks.md "Quality"); the checkpoint kept is the one with the best tuning macro AP."""
+    trainer: TrainerConfig = field(
+        default_factory=lambda: TrainerConfig(max_epochs=20, learning_rate=3e-3, early_stopping_patience=5)
+    )
+    """Fine-tuning defaults: 20 epochs at a peak learning rate of 3e-3, stopping after 5 epochs without a
+    better tuning macro AP (chosen on the tuning split, see docs/benchmarks.md "Quality"); the checkpoint
+    kept is the one with the best tuning macro AP."""
 
 
 @dataclass
