@@ -98,7 +98,8 @@ def _parse(entry: str) -> Style:
     try:
         pc.extract_regex(pa.array([""]), pattern)
     except pa.ArrowInvalid as err:
-        raise UserError(f"{SETTING} entry {entry!r}: {err} (RE2 syntax; name every group or use (?:...))") from err
+        first = str(err).strip().splitlines()[0]
+        raise UserError(f"{SETTING} entry {entry!r}: {first} (RE2 syntax; name every group or use (?:...))") from err
     used = tuple(name for _, name, _, _ in string.Formatter().parse(template) if name is not None)
     unknown = [name for name in used if name not in groups or name == CODE_GROUP]
     if unknown:
