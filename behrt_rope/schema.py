@@ -163,6 +163,13 @@ CODE_DESCRIPTIONS: Final = pa.schema([(TOKEN, pa.string()), (DESCRIPTION, pa.str
 PREDICTION_TIME: Final = "prediction_time"
 PROBABILITY: Final = "probability"
 MEDS_SUBJECT_ID: Final = "subject_id"
+# MEDS prediction layout (meds-evaluation's PredictionSchema): one file per label code, see
+# behrt_rope/evaluation/meds_predictions.py
+MEDS_BOOLEAN_VALUE: Final = "boolean_value"  # the observed outcome, when known
+MEDS_PREDICTED_VALUE: Final = "predicted_boolean_value"
+MEDS_PREDICTED_PROBABILITY: Final = "predicted_boolean_probability"
+MEDS_PREDICTIONS_INDEX: Final = "index.json"  # label code -> file name
+MEDS_PREDICTIONS_DIR: Final = "predictions_meds"  # evaluate's held-out predictions in the MEDS layout
 
 # ---------------------------------------------------------------------------------------------------------
 # Raw input: MEDS and OMOP CDM (read by etl/readers/meds.py and etl/readers/omop.py; docs/formats.md)

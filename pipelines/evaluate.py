@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import pyarrow as pa
 import scipy.sparse as sp
 
 from behrt_rope import config as config_lib
@@ -16,6 +17,8 @@ from behrt_rope import schema as S
 from behrt_rope.data.labels import Samples, TaskConfig, build_samples, history, label_index, targets
 from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary, ragged_positions
 from behrt_rope.errors import UserError
+from behrt_rope.etl import descriptions
+from behrt_rope.evaluation import meds_predictions
 from behrt_rope.evaluation.baseline import age_features, bag_of_codes, fit_predict_baseline
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
 from behrt_rope.stage import is_done, stage, write_json
@@ -54,6 +57,9 @@ class Config:
     """Fit the baseline on at most this many train samples (a seeded subsample), to bound its time."""
     notes: str = ""
     """A caveat shown in the report (e.g. 'Synthetic data: ...')."""
+    meds_predictions: bool = False
+    """Also write the held-out predictions with their observed outcomes in the MEDS layout
+    (OUT/predictions_meds/: one meds-evaluation file per label code, and index.json)."""
     progress: bool = True
 
 
@@ -117,9 +123,30 @@ def run(config: Config) -> Path:
             pretrain_metrics=pretrain,
             run_info=_run_info(config, bundle, task),
             notes=[config.notes] if config.notes else (),
+            code_descriptions=descriptions.load(config.data) or None,
         )
+        if config.meds_predictions:
+            meds_predictions.write(_long_predictions(held, samples, labels, probs, y), out / S.MEDS_PREDICTIONS_DIR)
         _log_headline(model_eval, base_eval, report)
     return out_dir
+
+
+def _long_predictions(
+    held: Sequences, samples: Samples, labels: list[str], probs: np.ndarray, y: np.ndarray
+) -> pa.Table:
+    """(N samples x L labels) scores and outcomes as a long table: one row per sample and label code."""
+    n, n_labels = probs.shape
+    repeat = np.repeat(np.arange(n), n_labels)
+    ids = held.patients[S.PATIENT_ID].to_numpy(dtype=object)[samples.rows]
+    return pa.table(
+        {
+            S.PATIENT_ID: pa.array(ids[repeat].astype(str)),
+            S.PREDICTION_TIME: pa.array(samples.times.astype("datetime64[us]")[repeat], pa.timestamp("us")),
+            S.CODE: pa.array(np.tile(np.asarray(labels, dtype=object), n), pa.string()),
+            S.PROBABILITY: pa.array(probs.reshape(-1).astype(np.float64)),
+            meds_predictions.BOOLEAN_VALUE: pa.array(y.reshape(-1).astype(bool)),
+        }
+    )
 
 
 def _baseline(

@@ -253,7 +253,7 @@ def test_custom_pattern_and_template(tmp_path: Path) -> None:
     assert set(raw.events[S.CODE_SYSTEM]) == {"WHO9", "WHO10"}
     with pytest.raises(UserError, match="needs a named group"):
         meds.read(root, config(code_patterns=[r"X=^DIAGNOSIS//(.+)$"]))
-    with pytest.raises(UserError, match="code_patterns entry .*RE2 syntax"):
+    with pytest.raises(UserError, match=r"code_patterns entry .*RE2 syntax"):
         meds.read(root, config(code_patterns=[r"X=^(?P<code>[A-Z]+)(?=9)"]))
     with pytest.raises(UserError, match="must be TEMPLATE=REGEX"):
         meds.read(root, config(code_patterns=[r"^DIAGNOSIS//(?P<code>.+)$"]))

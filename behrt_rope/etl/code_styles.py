@@ -86,9 +86,7 @@ def parse_styles(entries: list[str] | tuple[str, ...]) -> list[Style]:
 def _parse(entry: str) -> Style:
     template, sep, pattern = entry.partition("=")
     if not sep or not re.fullmatch(r"[\w.\-{}]*", template):
-        raise UserError(
-            f"{SETTING} entry {entry!r} must be TEMPLATE=REGEX (for example SNOMED=^SNOMED//(?P<code>.+)$)"
-        )
+        raise UserError(f"{SETTING} entry {entry!r} must be TEMPLATE=REGEX (for example SNOMED=^SNOMED//(?P<code>.+)$)")
     try:
         groups = re.compile(pattern).groupindex
     except re.error as err:

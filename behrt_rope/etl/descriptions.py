@@ -45,7 +45,8 @@ def token_descriptions(frames: list[pd.DataFrame], config: EtlConfig, vocabulary
             "code": raw[S.CODE].astype(str).to_numpy(dtype=object),
         }
     )
-    frame = frame[(frame[S.DESCRIPTION] != "") & frame[S.TOKEN].isin(vocabulary[S.TOKEN].iloc[S.N_SPECIAL :])]
+    frame = frame[(frame[S.DESCRIPTION] != "") & frame[S.TOKEN].isin(vocabulary[S.TOKEN])]
+    frame = frame[~frame[S.TOKEN].isin(S.SPECIAL_TOKENS)]
     frame = frame.sort_values([S.TOKEN, "length", "code"], kind="stable").drop_duplicates(S.TOKEN)
     return frame[[S.TOKEN, S.DESCRIPTION]].reset_index(drop=True)
 

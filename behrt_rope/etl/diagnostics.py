@@ -47,7 +47,7 @@ e.g. 'SNOMED=^SNOMED//(?P<code>[^/]+)$' (docs/formats.md lists the recognised st
     detail = _detail(manifest)
     advice = _ADVICE.get(str(manifest.get("format")), "")
     if manifest["patients"]["with_tokens"] == 0 or manifest["events_used"]["code_tokens"] == 0:
-        what = "patient" if manifest["patients"]["with_tokens"] == 0 else "code token"
+        what = "patient with a code token" if manifest["patients"]["with_tokens"] == 0 else "code token"
         raise EmptyResultError(f"etl: {manifest['input']} gave no {what} ({detail}); {advice}")
     rows = sum(t["rows"] for t in manifest["tables"].values())
     lost = sum(t["filtered"] + t["quarantined"] for t in manifest["tables"].values())

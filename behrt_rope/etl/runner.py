@@ -24,8 +24,8 @@ from tqdm.auto import tqdm
 
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
-from behrt_rope.etl.clean import Cleaned, EventCodes, clean, quarantine_rows
 from behrt_rope.etl import descriptions
+from behrt_rope.etl.clean import Cleaned, EventCodes, clean, quarantine_rows
 from behrt_rope.etl.codes import fit_vocabulary, token_codes
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.raw import RawTables

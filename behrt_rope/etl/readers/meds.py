@@ -74,7 +74,9 @@ def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) 
             integer_ids &= pa.types.is_integer(batch[S.MEDS_SUBJECT_ID].type)
             batch = batch.append_column(_ROW, pa.array(np.arange(first_row, first_row + batch.num_rows)))
             first_row += batch.num_rows
-            batch = batch.set_column(batch.schema.get_field_index(S.MEDS_CODE), S.MEDS_CODE, _string(batch[S.MEDS_CODE]))
+            batch = batch.set_column(
+                batch.schema.get_field_index(S.MEDS_CODE), S.MEDS_CODE, _string(batch[S.MEDS_CODE])
+            )
             lookups = _lookup_masks(batch[S.MEDS_CODE], meds)
             seen.update(kind for kind, mask in lookups.items() if pc.any(mask).as_py())
             if n_shards > 1:
@@ -379,9 +381,7 @@ def _encounter_visits(
     events = pd.DataFrame({"t": time, "id": ids, "row": np.arange(len(ids))})
     events = events[~np.isnat(time)].sort_values("t")
     if len(events) and len(encounters):
-        matched = pd.merge_asof(
-            events, encounters.assign(start=encounters["t"]), on="t", by="id", direction="backward"
-        )
+        matched = pd.merge_asof(events, encounters.assign(start=encounters["t"]), on="t", by="id", direction="backward")
         start = matched["start"].to_numpy(dtype="datetime64[us]")
         same_day = ~np.isnat(start) & (
             start.astype("datetime64[D]") == matched["t"].to_numpy(dtype="datetime64[us]").astype("datetime64[D]")
