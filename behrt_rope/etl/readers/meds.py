@@ -370,24 +370,31 @@ def _encounter_visits(
     ids: np.ndarray, time: np.ndarray, picked: dict[str, list[pa.Table]], notes: dict[str, Any]
 ) -> np.ndarray:
     """Visit id per diagnosis: ``encounter:<encounter time>`` of the subject's latest encounter event at or
-    before the diagnosis on the same calendar day, else '' (the calendar day then groups it).
+    before the diagnosis on the same calendar day, else of its first encounter later that day (a diagnosis
+    stamped with its date only, at midnight); else '' (the calendar day then groups it).
 
     MEDS encounter events carry their start only; the same-day bound keeps a diagnosis weeks after a visit
     from joining it.
     """
     visit = np.full(len(ids), "", dtype=object)
     encounters = _times(_combine(picked["encounter"])).sort_values("t")
+    encounters = encounters.assign(start=encounters["t"])
     notes["meds.encounters"] = len(encounters)
+    start = np.full(len(ids), np.datetime64("NaT"), dtype="datetime64[us]")
     events = pd.DataFrame({"t": time, "id": ids, "row": np.arange(len(ids))})
     events = events[~np.isnat(time)].sort_values("t")
-    if len(events) and len(encounters):
-        matched = pd.merge_asof(events, encounters.assign(start=encounters["t"]), on="t", by="id", direction="backward")
-        start = matched["start"].to_numpy(dtype="datetime64[us]")
-        same_day = ~np.isnat(start) & (
-            start.astype("datetime64[D]") == matched["t"].to_numpy(dtype="datetime64[us]").astype("datetime64[D]")
-        )
-        rows = matched["row"].to_numpy()[same_day]
-        visit[rows] = np.char.add("encounter:", np.datetime_as_string(start[same_day], unit="s"))
+    directions: tuple[Literal["backward", "forward"], ...] = ("backward", "forward")
+    for direction in directions:
+        todo = events[np.isnat(start[events["row"].to_numpy()])]
+        if not len(todo) or not len(encounters):
+            break
+        matched = pd.merge_asof(todo, encounters, on="t", by="id", direction=direction)
+        found = matched["start"].to_numpy(dtype="datetime64[us]")
+        day = matched["t"].to_numpy(dtype="datetime64[us]").astype("datetime64[D]")
+        same_day = ~np.isnat(found) & (found.astype("datetime64[D]") == day)
+        start[matched["row"].to_numpy()[same_day]] = found[same_day]
+    inside = ~np.isnat(start)
+    visit[inside] = np.char.add("encounter:", np.datetime_as_string(start[inside], unit="s"))
     notes["meds.diagnoses_outside_encounter"] = int(((visit == "") & ~np.isnat(time)).sum())
     return visit
 
