@@ -122,6 +122,7 @@ def write_meds(root: Path, c: Cohort, style: str = "snomed", diagnoses: bool = T
     )
     subject = frame[S.MEDS_SUBJECT_ID].to_numpy()
     (root / S.MEDS_DATA_DIR).mkdir(parents=True, exist_ok=True)
+    (root / S.MEDS_SPLITS_FILE).parent.mkdir(parents=True, exist_ok=True)
     for i in range(parts):
         pq.write_table(table.filter(pa.array(subject % parts == i)), root / S.MEDS_DATA_DIR / f"{i}.parquet")
     ids = c.persons["id"].to_numpy()
