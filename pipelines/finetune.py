@@ -173,9 +173,7 @@ def run(config: Config) -> Path:
     return out_dir
 
 
-def _no_labels_message(
-    config: Config, seqs: Sequences, train_seqs: Sequences, samples: Samples, min_count: int
-) -> str:
+def _no_labels_message(config: Config, seqs: Sequences, train_seqs: Sequences, samples: Samples, min_count: int) -> str:
     """Why there is no label code, in the data's own numbers: patients, samples and label occurrences."""
     where = f"finetune: {config.data} has {len(seqs)} patients ({len(train_seqs)} in train)"
     task = config.task.name

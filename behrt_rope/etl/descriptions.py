@@ -19,7 +19,7 @@ from behrt_rope.etl.codes import factorize_text, token_codes
 from behrt_rope.etl.config import EtlConfig
 
 
-def token_descriptions(frames: list[pd.DataFrame], config: EtlConfig, vocabulary: pd.DataFrame) -> pd.DataFrame:
+def token_descriptions(frames: list[pd.DataFrame | None], config: EtlConfig, vocabulary: pd.DataFrame) -> pd.DataFrame:
     """One description per vocabulary token (S.CODE_DESCRIPTIONS columns), from raw (CODE, CODE_SYSTEM,
     DESCRIPTION) rows.
 
