@@ -132,13 +132,29 @@ class Matches:
 def match(codes: pa.ChunkedArray | pa.Array, styles: list[Style], aliases: dict[str, str]) -> Matches:
     """Apply the styles to an Arrow string array, the first matching style per code.
 
+    The regular expressions run once per distinct code (an event table repeats a few thousand codes).
+
     >>> m = match(pa.array(["SNOMED//1", "LAB//2", "DIAGNOSIS//ICD//9//250"]),
     ...           parse_styles(list(DEFAULT_CODE_PATTERNS)), {})
     >>> m.style.tolist(), m.code.tolist(), m.vocabulary.tolist()
     ([2, -1, 0], ['1', '', '250'], ['SNOMED', '', 'ICD9CM'])
     """
+    distinct, index = _distinct(codes)
+    found = _match_distinct(distinct, styles, aliases)
+    return Matches(found.style[index], found.code[index], found.vocabulary[index])
+
+
+def _distinct(codes: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """(distinct codes, with a null last; int64 position of each code among them)."""
     if isinstance(codes, pa.ChunkedArray):
         codes = codes.combine_chunks()
+    encoded = pc.dictionary_encode(codes)
+    distinct = pa.concat_arrays([encoded.dictionary.cast(pa.string()), pa.nulls(1, pa.string())])
+    index = pc.fill_null(encoded.indices, len(distinct) - 1).to_numpy(zero_copy_only=False)
+    return distinct, np.asarray(index, dtype=np.int64)
+
+
+def _match_distinct(codes: pa.Array, styles: list[Style], aliases: dict[str, str]) -> Matches:
     n = len(codes)
     style = np.full(n, -1, dtype=np.int64)
     code = np.full(n, "", dtype=object)
@@ -175,6 +191,22 @@ def _vocabularies(found: pa.Array, style: Style, aliases: dict[str, str]) -> np.
 
 def _text(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.asarray(pc.fill_null(array, "").to_numpy(zero_copy_only=False), dtype=object)
+
+
+def prefix_counts(codes: pa.Array | pa.ChunkedArray) -> dict[str, int]:
+    """How many codes have each :func:`code_prefix` (nulls not counted).
+
+    >>> prefix_counts(pa.array(["LAB//1", "LAB//2", "SNOMED//3", None]))
+    {'LAB//': 2, 'SNOMED//': 1}
+    """
+    distinct, index = _distinct(codes)
+    counts = np.bincount(index, minlength=len(distinct))[:-1]
+    prefixes = np.asarray(code_prefix(distinct[:-1]).to_numpy(zero_copy_only=False), dtype=object)
+    total: dict[str, int] = {}
+    for prefix, n in zip(prefixes, counts):
+        if n:
+            total[prefix] = total.get(prefix, 0) + int(n)
+    return total
 
 
 def code_prefix(codes: pa.Array | pa.ChunkedArray) -> pa.Array:

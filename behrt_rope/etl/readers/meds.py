@@ -250,10 +250,7 @@ def _pick(
     for kind, mask in lookups.items():
         picked[kind].append(keys.filter(mask))
     used = pc.or_(birth, diagnosis)
-    rest = pc.fill_null(code.filter(pc.invert(used)), "")
-    if len(rest):
-        counts = pc.value_counts(code_styles.code_prefix(rest))
-        prefixes.update(dict(zip(counts.field(0).to_pylist(), counts.field(1).to_pylist())))
+    prefixes.update(code_styles.prefix_counts(code.filter(pc.invert(used))))
     return int(pc.sum(birth).as_py() or 0) + int(rows.sum())
 
 
