@@ -27,8 +27,8 @@ import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from behrt_rope.etl import code_styles  # noqa: E402
-from behrt_rope.etl.config import MedsConfig  # noqa: E402
+from behrt_rope.etl import code_styles
+from behrt_rope.etl.config import MedsConfig
 
 
 def codes(rows: int, seed: int) -> pa.Array:
