@@ -12,6 +12,8 @@ import pandas as pd
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+import wild_data as W
+from fixtures_training import FAST_TRAINER, TINY_MODEL
 from meds_evaluation.evaluate import evaluate_binary_classification
 from meds_evaluation.schema import PredictionSchema
 
@@ -22,8 +24,6 @@ from behrt_rope.etl.config import EtlConfig, MedsConfig, OmopConfig
 from behrt_rope.etl.diagnostics import EmptyResultError
 from behrt_rope.etl.runner import run_etl
 from pipelines import etl as etl_pipeline
-from tests import wild_data as W
-from tests.fixtures_training import FAST_TRAINER, TINY_MODEL
 
 
 def tokens_by_patient(out: Path) -> dict[str, list[str]]:
