@@ -8,6 +8,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import polars as pl
 import pyarrow.parquet as pq
@@ -197,6 +198,25 @@ def test_a_model_trained_from_meds_scores_omop_in_the_meds_layout(trained, tmp_p
     for name in index.values():
         table = PredictionSchema.align(pq.read_table(out / name))  # no extra columns, right types
         assert table.num_rows == 200 and table.column_names[:2] == [S.MEDS_SUBJECT_ID, S.PREDICTION_TIME]
+
+
+@pytest.mark.slow
+def test_meds_and_omop_of_one_cohort_get_the_same_predictions_with_defaults(trained, tmp_path: Path) -> None:
+    root, raw, c = trained
+    omop = W.write_omop(tmp_path / "omop", c)  # with a concept table: codes named SNOMED/... without settings
+    scored = {}
+    for fmt, path in (("meds", raw), ("omop", omop)):
+        out = tmp_path / f"{fmt}.parquet"
+        _run("predict", "--model", str(root / "ft"), "--input", str(path), "--format", fmt, "--out", str(out),
+             "progress=false")  # fmt: skip
+        assert json.loads((tmp_path / f"{fmt}.summary.json").read_text())["unknown_code_events"] == 0
+        table = pd.read_parquet(out).sort_values([S.PATIENT_ID, S.CODE], ignore_index=True)
+        scored[fmt] = table
+    meds, omop_scores = scored["meds"], scored["omop"]
+    assert len(meds) == 200 * len(json.loads((root / "ft" / S.METRICS_FILE).read_text())["label_codes"])
+    assert (meds[S.CODE] == omop_scores[S.CODE]).all()
+    assert (meds[S.PATIENT_ID].astype(str) == omop_scores[S.PATIENT_ID].astype(str)).all()
+    assert np.allclose(meds[S.PROBABILITY], omop_scores[S.PROBABILITY], atol=1e-6)
 
 
 @pytest.mark.slow
