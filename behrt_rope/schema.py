@@ -227,4 +227,5 @@ LAST_CHECKPOINT: Final = "last.ckpt"
 MODEL_FILE: Final = "model.pt"  # weights + configs + vocabularies, loadable without Lightning
 LABEL_VOCAB_FILE: Final = "label_vocab.parquet"
 REPORT_FILE: Final = "report.html"
+ORACLE_FILE: Final = "oracle.parquet"  # synth: true next-visit probabilities at one cut per patient
 PLOTS_DIR: Final = "plots"
