@@ -28,6 +28,9 @@ class ModelConfig:
     """k, the number of periodic Time2Vec features of age (plus one linear feature)."""
     age_scale: float = 100.0
     """Ages (years) are divided by this before Time2Vec, to keep the linear term near unit scale."""
+    scale_code_embedding: bool = True
+    """Multiply code embeddings by sqrt(hidden_size) (Vaswani et al. 2017) and start the Time2Vec projection
+    at 1/sqrt(k + 1) of the usual scale, so a token's code, not its age, dominates its initial embedding."""
     num_segments: int = 2
     """Segment ids alternate between visits (A/B)."""
     position_encoding: Literal["rope", "absolute"] = "rope"
