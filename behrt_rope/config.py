@@ -143,6 +143,15 @@ def _field_default(f: dataclasses.Field) -> Any:
     return None
 
 
+def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``, recursively for nested mappings (neither is changed).
+
+    >>> merge({"a": 1, "b": {"c": 2, "d": 3}}, {"b": {"c": 9}})
+    {'a': 1, 'b': {'c': 9, 'd': 3}}
+    """
+    return _merge(base, top)
+
+
 # -------------------------------------------------------------------------------------------------------------
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)

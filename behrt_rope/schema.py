@@ -21,6 +21,7 @@ DATE: Final = "date"
 CODE: Final = "code"
 VISIT_ID: Final = "visit_id"
 CODE_SYSTEM: Final = "code_system"
+DESCRIPTION: Final = "description"  # a code's human-readable name
 
 PATIENTS_TABLE: Final = "patients"
 EVENTS_TABLE: Final = "events"
@@ -97,6 +98,7 @@ class Reason:
     # reader-detected (set by a reader in the optional REASON column of its canonical events, see raw.py)
     MISSING_BIRTH: Final = "missing_birth"  # MEDS: the subject has events but no MEDS_BIRTH event
     NO_MATCHING_CONCEPT: Final = "no_matching_concept"  # OMOP: condition_concept_id 0
+    UNKNOWN_CONCEPT: Final = "concept_not_in_concept_table"  # OMOP: a concept id the concept table lacks
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -150,7 +152,10 @@ TOKENS: Final = pa.schema(
     ]
 )
 
-VOCAB: Final = pa.schema([("token_id", pa.int32()), ("token", pa.string()), ("train_count", pa.int64())])
+TOKEN: Final = "token"
+VOCAB: Final = pa.schema([("token_id", pa.int32()), (TOKEN, pa.string()), ("train_count", pa.int64())])
+# Human-readable names of vocabulary tokens, when the input carries them (MEDS code metadata, OMOP concept)
+CODE_DESCRIPTIONS: Final = pa.schema([(TOKEN, pa.string()), (DESCRIPTION, pa.string())])
 
 # ---------------------------------------------------------------------------------------------------------
 # Predictions (SPEC "Predictions file")
@@ -158,6 +163,13 @@ VOCAB: Final = pa.schema([("token_id", pa.int32()), ("token", pa.string()), ("tr
 PREDICTION_TIME: Final = "prediction_time"
 PROBABILITY: Final = "probability"
 MEDS_SUBJECT_ID: Final = "subject_id"
+# MEDS prediction layout (meds-evaluation's PredictionSchema): one file per label code, see
+# behrt_rope/evaluation/meds_predictions.py
+MEDS_BOOLEAN_VALUE: Final = "boolean_value"  # the observed outcome, when known
+MEDS_PREDICTED_VALUE: Final = "predicted_boolean_value"
+MEDS_PREDICTED_PROBABILITY: Final = "predicted_boolean_probability"
+MEDS_PREDICTIONS_INDEX: Final = "index.json"  # label code -> file name
+MEDS_PREDICTIONS_DIR: Final = "predictions_meds"  # evaluate's held-out predictions in the MEDS layout
 
 # ---------------------------------------------------------------------------------------------------------
 # Raw input: MEDS and OMOP CDM (read by etl/readers/meds.py and etl/readers/omop.py; docs/formats.md)
@@ -167,6 +179,7 @@ MEDS_CODE: Final = "code"
 MEDS_SPLIT: Final = "split"
 MEDS_DATA_DIR: Final = "data"  # data/**/*.parquet
 MEDS_SPLITS_FILE: Final = "metadata/subject_splits.parquet"
+MEDS_CODES_FILE: Final = "metadata/codes.parquet"  # code metadata: code, description, parent_codes
 
 OMOP_PERSON: Final = "person"
 OMOP_CONDITION: Final = "condition_occurrence"
@@ -188,12 +201,19 @@ OMOP_VISIT_START_DATE: Final = "visit_start_date"
 OMOP_VISIT_START_DATETIME: Final = "visit_start_datetime"
 OMOP_VISIT_END_DATE: Final = "visit_end_date"
 OMOP_VISIT_END_DATETIME: Final = "visit_end_datetime"
+OMOP_CONDITION_SOURCE_CONCEPT_ID: Final = "condition_source_concept_id"
+OMOP_CONCEPT: Final = "concept"
+OMOP_CONCEPT_ID: Final = "concept_id"
+OMOP_CONCEPT_NAME: Final = "concept_name"
+OMOP_VOCABULARY_ID: Final = "vocabulary_id"
+OMOP_CONCEPT_CODE: Final = "concept_code"
 
 # ---------------------------------------------------------------------------------------------------------
 # Artifact file names, per stage output directory
 # ---------------------------------------------------------------------------------------------------------
 TOKENS_DIR: Final = "tokens"  # tokens/part-00000.parquet, one part per patient shard
 VOCAB_FILE: Final = "vocab.parquet"
+CODE_DESCRIPTIONS_FILE: Final = "code_descriptions.parquet"
 QUARANTINE_FILE: Final = "quarantine.parquet"
 MANIFEST_FILE: Final = "manifest.json"
 ETL_SETTINGS_FILE: Final = "etl_settings.json"  # what predict needs to re-apply the ETL

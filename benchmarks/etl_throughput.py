@@ -93,7 +93,7 @@ def run_baseline(input_dir: Path, out_dir: Path) -> None:
     def token(code: str, system: str) -> str:
         code = code.replace(".", "") if config.strip_code_dots or config.code_truncate else code
         code = code[: config.code_truncate] if config.code_truncate else code
-        return f"{system}:{code}" if system else code
+        return f"{system}/{code}" if system else code
 
     def patient_visits(g: pd.DataFrame) -> list[tuple[pd.Timestamp, set[str]]]:
         """One patient's visits in order, merged and truncated to max_seq_len."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
 from behrt_rope.errors import UserError
+from behrt_rope.etl import diagnostics
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.runner import run_etl
 from behrt_rope.stage import is_done, stage, write_json
@@ -41,7 +42,7 @@ def run(config: Config) -> Path:
         return out_dir
     with stage(out_dir, config, "etl") as out:
         manifest = run_etl(input_dir, out, config.etl, progress=config.progress)
-        write_json(out / S.MANIFEST_FILE, manifest)
+        write_json(out / S.MANIFEST_FILE, manifest)  # written before the checks, to inspect a failed run
         write_json(
             out / S.ETL_SETTINGS_FILE,
             {
@@ -50,6 +51,10 @@ def run(config: Config) -> Path:
             },
         )
         _log_summary(manifest, out)
+        manifest["warnings"] = diagnostics.check(manifest)
+        for warning in manifest["warnings"]:
+            log.warning("%s", warning)
+        write_json(out / S.MANIFEST_FILE, manifest)
     return out_dir
 
 

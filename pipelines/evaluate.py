@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import pyarrow as pa
 import scipy.sparse as sp
 
 from behrt_rope import config as config_lib
@@ -22,7 +23,9 @@ from behrt_rope import schema as S
 from behrt_rope.data.labels import Samples, TaskConfig, build_samples, history, label_index, targets
 from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary, ragged_positions
 from behrt_rope.errors import UserError
+from behrt_rope.etl import descriptions
 from behrt_rope.etl.config import EtlConfig
+from behrt_rope.evaluation import meds_predictions
 from behrt_rope.evaluation.baseline import age_features, bag_of_codes, fit_predict_baseline, fit_predict_gbm
 from behrt_rope.evaluation.ceiling import ORACLE, gap_closed, oracle_matrix, read_oracle
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
@@ -69,6 +72,9 @@ class Config:
     """A `behrt-rope synth ... oracle=true` output directory (or its oracle.parquet): adds the ceiling."""
     notes: str = ""
     """A caveat shown in the report (e.g. 'Synthetic data: ...')."""
+    meds_predictions: bool = False
+    """Also write the held-out predictions with their observed outcomes in the MEDS layout
+    (OUT/predictions_meds/: one meds-evaluation file per label code, and index.json)."""
     progress: bool = True
 
 
@@ -142,9 +148,30 @@ def run(config: Config) -> Path:
             pretrain_metrics=pretrain,
             run_info=_run_info(config, bundle, task),
             notes=[config.notes] if config.notes else (),
+            code_descriptions=descriptions.load(config.data) or None,
         )
+        if config.meds_predictions:
+            meds_predictions.write(_long_predictions(held, samples, labels, probs, y), out / S.MEDS_PREDICTIONS_DIR)
         _log_headline(model_eval, reference_evals, ceiling, report)
     return out_dir
+
+
+def _long_predictions(
+    held: Sequences, samples: Samples, labels: list[str], probs: np.ndarray, y: np.ndarray
+) -> pa.Table:
+    """(N samples x L labels) scores and outcomes as a long table: one row per sample and label code."""
+    n, n_labels = probs.shape
+    repeat = np.repeat(np.arange(n), n_labels)
+    ids = held.patients[S.PATIENT_ID].to_numpy(dtype=object)[samples.rows]
+    return pa.table(
+        {
+            S.PATIENT_ID: pa.array(ids[repeat].astype(str)),
+            S.PREDICTION_TIME: pa.array(samples.times.astype("datetime64[us]")[repeat], pa.timestamp("us")),
+            S.CODE: pa.array(np.tile(np.asarray(labels, dtype=object), n), pa.string()),
+            S.PROBABILITY: pa.array(probs.reshape(-1).astype(np.float64)),
+            meds_predictions.BOOLEAN_VALUE: pa.array(y.reshape(-1).astype(bool)),
+        }
+    )
 
 
 def _train_samples(train: Sequences, task: TaskConfig, config: Config) -> Samples:

@@ -23,7 +23,9 @@ from behrt_rope.data.labels import (
     TaskConfig,
     build_samples,
     fit_label_vocabulary,
+    label_counts,
     label_index,
+    resolve_min_label_count,
     targets,
 )
 from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary
@@ -95,21 +97,23 @@ def run(config: Config) -> Path:
     tc = config.trainer
     train_seqs = seqs.split(S.TRAIN)
     train_samples = build_samples(train_seqs, config.task)
-    label_ids = fit_label_vocabulary(train_seqs, train_samples, config.task.min_label_count)
+    min_count = resolve_min_label_count(config.task, len(train_samples))
+    label_ids = fit_label_vocabulary(train_seqs, train_samples, min_count)
     if len(label_ids) == 0:
-        raise UserError(
-            f"no code occurs in {config.task.min_label_count}+ train samples' labels; "
-            "lower task.min_label_count or use more data"
-        )
+        raise UserError(_no_labels_message(config, seqs, train_seqs, train_samples, min_count))
+    task_config = dataclasses.replace(config.task, min_label_count=min_count)
     label_of_token = label_index(label_ids, len(vocab))
     train = _split_data(train_seqs, config.task, label_of_token, config.pooling, train_samples)
     tuning = _split_data(seqs.split(S.TUNING), config.task, label_of_token, config.pooling)
     log.info(
-        "finetune: task %s, %d labels, %d train / %d tuning samples",
+        "finetune: task %s, %d train / %d tuning samples; %d labels (codes in >= %d train samples' labels%s): %s",
         config.task.name,
-        len(label_ids),
         len(train.y),
         len(tuning.y),
+        len(label_ids),
+        min_count,
+        ", adapted to the data" if config.task.min_label_count is None else "",
+        ", ".join(tokens[i] for i in label_ids[:10]) + (" ..." if len(label_ids) > 10 else ""),
     )
     with stage(out_dir, config, "finetune") as out:
         pl.seed_everything(tc.seed, workers=True, verbose=False)
@@ -144,6 +148,8 @@ def run(config: Config) -> Path:
             metrics = {
                 "task": config.task.name,
                 "labels": len(label_ids),
+                "min_label_count": min_count,
+                "label_codes": [tokens[i] for i in label_ids],
                 "train_samples": len(train.y),
                 "tuning_samples": len(tuning.y),
                 "tuning_macro_ap": round(float(val.get("val/macro_ap", "nan")), 5),
@@ -164,13 +170,31 @@ def run(config: Config) -> Path:
                 vocab=tokens,
                 label_token_ids=label_ids.tolist(),
                 labels=[tokens[i] for i in label_ids],
-                task=config_lib.to_dict(config.task),
+                task=config_lib.to_dict(task_config),
                 pooling=config.pooling,
                 etl_settings=_etl_settings(config.data),
                 pretrained=config.pretrained or None,
             )
             log.info("finetune: tuning macro AP %.4f over %d labels", metrics["tuning_macro_ap"], len(label_ids))
     return out_dir
+
+
+def _no_labels_message(config: Config, seqs: Sequences, train_seqs: Sequences, samples: Samples, min_count: int) -> str:
+    """Why there is no label code, in the data's own numbers: patients, samples and label occurrences."""
+    where = f"finetune: {config.data} has {len(seqs)} patients ({len(train_seqs)} in train)"
+    task = config.task.name
+    if len(samples) == 0:
+        need = "a later visit" if task == "next_visit" else f"follow-up of {task} after a visit"
+        return (
+            f"{where} and no {task} train sample: a sample needs {config.task.min_history_visits}+ visits "
+            f"and {need}; use more data (or another --task)"
+        )
+    counts = label_counts(train_seqs, samples)
+    most = int(counts.max()) if len(counts) else 0
+    return (
+        f"{where}, {len(samples)} {task} train samples, and no code occurs in {min_count}+ samples' labels "
+        f"(the most frequent occurs in {most}); use more data or set task.min_label_count={max(most, 1)}"
+    )
 
 
 def _split_data(

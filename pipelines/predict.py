@@ -26,12 +26,13 @@ from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.readers import reader_for
 from behrt_rope.etl.runner import process_shard
 from behrt_rope.etl.tokenize import to_token_table
+from behrt_rope.evaluation import meds_predictions
 from behrt_rope.stage import write_json
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.inference import multilabel_model, resolve_device, score
 
 log = logging.getLogger("behrt_rope.predict")
-MEDS_PROBABILITY_PREFIX = "predicted_boolean_probability//"
+UNKNOWN_WARNING_SHARE = 0.5  # above this share of code events unseen in training, predict warns
 
 
 @dataclass
@@ -45,7 +46,11 @@ class Config:
     format: Literal["", "visits", "meds", "omop"] = ""
     """Input layout; empty: the layout the model was trained from."""
     layout: Literal["long", "meds"] = "long"
-    """long: one row per patient and code (SPEC); meds: MEDS predictions, one probability column per code."""
+    """long: one row per patient and code (SPEC); meds: OUT is a folder of MEDS prediction files, one per
+    label code (meds-evaluation's PredictionSchema), with index.json mapping codes to files."""
+    etl: Any = None
+    """Reader settings, the same keys as `behrt-rope etl` (etl.meds.*, etl.omop.*, ...), applied over the
+    model's saved ETL settings: e.g. etl.omop.vocabulary=SNOMED to score OMOP without a concept table."""
     batch_size: int = 256
     """Patients per forward pass."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -61,6 +66,7 @@ class Prepared:
     seqs: Sequences
     unscored: pd.DataFrame  # PATIENT_ID, REASON
     unknown_codes: Counter[str]
+    code_events: int  # code tokens of the scored histories, known or not
     quarantine: pd.DataFrame
     patient_id_type: str
 
@@ -73,7 +79,7 @@ def run(config: Config) -> Path:
     if not input_dir.is_dir():
         raise UserError(f"input directory not found: {input_dir}")
     bundle = load_bundle(config.model, "multilabel")
-    etl = _etl_config(bundle, config.format)
+    etl = _etl_config(bundle, config.format, config.etl)
     vocab = pd.DataFrame({"token_id": np.arange(len(bundle["vocab"]), dtype=np.int32), "token": bundle["vocab"]})
     prepared = prepare(input_dir, etl, vocab)
     model = multilabel_model(bundle)
@@ -81,18 +87,25 @@ def run(config: Config) -> Path:
     log.info("predict: scoring %d patients on %s", len(prepared.seqs), device)
     probs = score(model, prepared.seqs, batch_size=config.batch_size, device=device, progress=config.progress)
     out.parent.mkdir(parents=True, exist_ok=True)
-    table = _predictions(prepared, bundle["labels"], probs, config.layout)
-    pq.write_table(table, out)
-    _write_sidecars(out, config, prepared, etl, len(bundle["labels"]))
+    table = _predictions(prepared, bundle["labels"], probs)
+    if config.layout == "meds":
+        meds_predictions.write(table, out)
+    else:
+        pq.write_table(table, out)
+    _write_sidecars(out, config, prepared, etl, bundle["labels"])
     return out
 
 
-def _etl_config(bundle: dict[str, Any], fmt: str) -> EtlConfig:
-    """The model's own ETL settings (code mapping, truncation, max length), with the input format."""
+def _etl_config(bundle: dict[str, Any], fmt: str, overrides: Any) -> EtlConfig:
+    """The model's own ETL settings (code mapping, truncation, max length), with the reader settings given
+    to predict (``etl.*``, and the input format) merged over them; unknown keys stop with a suggestion."""
     saved = dict(bundle.get("etl_settings", {}).get("etl", {}))
+    given = overrides if overrides is not None else {}
+    if not isinstance(given, dict):
+        raise UserError(f"predict: etl must be a mapping of reader settings (etl.meds.visit_rule=...), got {given!r}")
     if fmt:
-        saved["format"] = fmt
-    return config_lib.build(EtlConfig, saved)
+        given = {**given, "format": fmt}
+    return config_lib.build(EtlConfig, config_lib.merge(saved, given), prefix="etl.")
 
 
 def prepare(input_dir: Path, etl: EtlConfig, vocab: pd.DataFrame) -> Prepared:
@@ -100,6 +113,7 @@ def prepare(input_dir: Path, etl: EtlConfig, vocab: pd.DataFrame) -> Prepared:
     read = reader_for(etl.format)
     tables, unscored, quarantines = [], [], []
     unknown: Counter[str] = Counter()
+    code_events = 0
     id_types = set()
     known = set(vocab["token"])
     for shard in range(etl.shards):
@@ -109,6 +123,7 @@ def prepare(input_dir: Path, etl: EtlConfig, vocab: pd.DataFrame) -> Prepared:
         structured = result.structured
         tokens = structured.codes["token"].to_numpy(dtype=object)
         unknown.update(t for t in tokens[~np.isin(tokens, list(known))])
+        code_events += len(tokens)
         tables.append(to_token_table(structured, vocab, np.full(len(structured.patients), "", dtype=object)))
         quarantines.append(result.quarantine)
         unscored.append(_unscored(raw.patients, raw.events, structured.patients, result.quarantine))
@@ -117,6 +132,7 @@ def prepare(input_dir: Path, etl: EtlConfig, vocab: pd.DataFrame) -> Prepared:
         seqs=from_table(table),
         unscored=pd.concat(unscored, ignore_index=True),
         unknown_codes=unknown,
+        code_events=code_events,
         quarantine=pd.concat(quarantines, ignore_index=True),
         patient_id_type="int64" if id_types == {"int64"} else "string",
     )
@@ -138,16 +154,12 @@ def _unscored(
     return frame
 
 
-def _predictions(prepared: Prepared, labels: list[str], probs: np.ndarray, layout: str) -> pa.Table:
-    """The predictions table in the long (SPEC) or MEDS layout."""
+def _predictions(prepared: Prepared, labels: list[str], probs: np.ndarray) -> pa.Table:
+    """The predictions table in the long layout (SPEC)."""
     patients = prepared.seqs.patients
     ids = patients[S.PATIENT_ID].to_numpy(dtype=object)
     id_array = pa.array(ids.astype(np.int64) if prepared.patient_id_type == "int64" else ids.astype(str))
     times = pa.array(patients[S.LAST_EVENT_TIME].to_numpy("datetime64[us]"), pa.timestamp("us"))
-    if layout == "meds":
-        columns = {S.MEDS_SUBJECT_ID: id_array, S.PREDICTION_TIME: times}
-        columns.update({MEDS_PROBABILITY_PREFIX + code: pa.array(probs[:, j]) for j, code in enumerate(labels)})
-        return pa.table(columns)
     n, n_labels = probs.shape
     repeat = np.repeat(np.arange(n), n_labels)
     return pa.table(
@@ -160,7 +172,8 @@ def _predictions(prepared: Prepared, labels: list[str], probs: np.ndarray, layou
     )
 
 
-def _write_sidecars(out: Path, config: Config, prepared: Prepared, etl: EtlConfig, n_labels: int) -> None:
+def _write_sidecars(out: Path, config: Config, prepared: Prepared, etl: EtlConfig, labels: list[str]) -> None:
+    n_labels = len(labels)
     stem = out.with_suffix("")
     pq.write_table(pa.Table.from_pandas(prepared.unscored, preserve_index=False), f"{stem}.unscored.parquet")
     pq.write_table(
@@ -178,10 +191,19 @@ def _write_sidecars(out: Path, config: Config, prepared: Prepared, etl: EtlConfi
         "unknown_code_events": unknown_events,
         "unknown_distinct_codes": len(prepared.unknown_codes),
         "unknown_codes_top": dict(prepared.unknown_codes.most_common(20)),
+        "code_events": prepared.code_events,
         "rows_quarantined": dict(Counter(prepared.quarantine[S.REASON])),
         "input_format": etl.format,
     }
     write_json(Path(f"{stem}.summary.json"), summary)
+    if prepared.code_events and unknown_events > UNKNOWN_WARNING_SHARE * prepared.code_events:
+        log.warning(
+            "predict: %.0f%% of code events have codes the model never saw (most frequent: %s; the model's "
+            "codes look like %s); are the reader settings (etl.*) naming codes the way training did?",
+            100 * unknown_events / prepared.code_events,
+            ", ".join(t for t, _ in prepared.unknown_codes.most_common(3)),
+            ", ".join(labels[:3]),
+        )
     log.info(
         "predict: %d patients scored, %d not scored (%s), %d events with codes unseen in training (%d codes)",
         summary["patients_scored"],

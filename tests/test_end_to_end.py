@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -122,16 +121,10 @@ def test_predict_scores_new_histories_and_reports_what_it_could_not_use(visits_r
     unscored = pd.read_parquet(tmp_path / "pred.unscored.parquet")
     assert unscored.set_index(S.PATIENT_ID).loc["lonely", S.REASON] == "no_events"
 
-    meds_out = tmp_path / "pred_meds.parquet"
-    _run(
-        "predict", "--model", str(d["ft"]), "--input", str(new), "--out", str(meds_out), "layout=meds", "progress=false"
-    )
-    wide = pd.read_parquet(meds_out)
-    assert list(wide.columns[:2]) == [S.MEDS_SUBJECT_ID, S.PREDICTION_TIME] and wide.shape == (scored, 2 + labels)
-    first_code = pred[S.CODE].iloc[0]
-    merged = pred[pred[S.CODE] == first_code].set_index(S.PATIENT_ID)[S.PROBABILITY]
-    col = next(c for c in wide.columns if c.endswith("//" + first_code))
-    np.testing.assert_allclose(wide.set_index(S.MEDS_SUBJECT_ID)[col].reindex(merged.index), merged, rtol=1e-6)
+    # MEDS predictions need int64 subject ids: this cohort's ids are text ('P000001'), so layout=meds stops
+    argv = ["predict", "--model", str(d["ft"]), "--input", str(new), "--out", str(tmp_path / "m"), "layout=meds"]
+    assert main([*argv, "progress=false"]) == 1
+    # (tests/test_wild_inputs.py validates MEDS-layout predictions with meds-evaluation)
 
 
 def test_commands_fail_with_one_line_messages(tmp_path, capsys):

@@ -252,7 +252,7 @@ def reference_streams(
         vid = r.visit_id.strip()
         key = (0, vid, 0) if vid else (-1, "", time.normalize())  # no id first, then by id
         code = r.code.strip().replace(".", "")[:truncate]
-        token = f"{r.code_system.strip()}:{code}" if r.code_system.strip() else code
+        token = f"{r.code_system.strip()}/{code}" if r.code_system.strip() else code
         v = visits.setdefault(r.patient_id.strip(), {}).setdefault(key, {"time": time, "tokens": set()})
         v["time"] = min(v["time"], time)
         v["tokens"].add(token)

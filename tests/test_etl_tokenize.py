@@ -197,24 +197,24 @@ def test_codes_kept_whole_without_truncation(etl_run: Run) -> None:
 def test_code_systems_stay_apart(etl_run: Run) -> None:
     events = [{**ev("2010-01-01", "4019"), "code_system": "ICD9"}, {**ev("2010-01-01", "4019"), "code_system": ""}]
     out = etl_run(P1, events, split=ALL_TRAIN)
-    assert out.token_strings("p1") == ["[CLS]", "4019", "ICD9:4019", "[SEP]"]
+    assert out.token_strings("p1") == ["[CLS]", "4019", "ICD9/4019", "[SEP]"]
 
 
 def test_normalise_code() -> None:
     assert normalise_code("E11.9", "", 3, False) == "E11"
     assert normalise_code("E11.9", "", None, True) == "E119"
     assert normalise_code("E11.9", "", None, False) == "E11.9"
-    assert normalise_code("4589", "ICD9", 3, True) == "ICD9:458"
+    assert normalise_code("4589", "ICD9", 3, True) == "ICD9/458"
 
 
 def test_tokens_of_and_token_categorical_agree() -> None:
     codes = np.array(["I10.1", "E11", "I10", "E11"], dtype=object)
     systems = np.array(["", "", "", "X"], dtype=object)
     config = EtlConfig(code_truncate=3)
-    assert tokens_of(codes, systems, config).tolist() == ["I10", "E11", "I10", "X:E11"]
+    assert tokens_of(codes, systems, config).tolist() == ["I10", "E11", "I10", "X/E11"]
     cat = token_categorical(codes, systems, config)
-    assert list(cat.categories) == ["E11", "I10", "X:E11"]
-    assert np.asarray(cat).tolist() == ["I10", "E11", "I10", "X:E11"]
+    assert list(cat.categories) == ["E11", "I10", "X/E11"]
+    assert np.asarray(cat).tolist() == ["I10", "E11", "I10", "X/E11"]
 
 
 # ---------------------------------------------------------------------------------------------------------

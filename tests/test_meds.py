@@ -114,13 +114,13 @@ def test_reader_selects_births_and_diagnoses_and_counts_the_rest_as_filtered(tmp
     assert raw.source_splits is None
     ev = raw.events
     first = ev[ev[S.SOURCE_ROW] == 6].iloc[0]  # DIAGNOSIS//ICD//10//I10
-    assert (first[S.PATIENT_ID], first[S.CODE], first[S.CODE_SYSTEM]) == ("1", "I10", "ICD10")
-    assert set(ev.loc[ev[S.CODE] == "4019", S.CODE_SYSTEM]) == {"ICD9"}  # ICD-9 kept apart from ICD-10
+    assert (first[S.PATIENT_ID], first[S.CODE], first[S.CODE_SYSTEM]) == ("1", "I10", "ICD10CM")
+    assert set(ev.loc[ev[S.CODE] == "4019", S.CODE_SYSTEM]) == {"ICD9CM"}  # ICD-9 kept apart from ICD-10
     death = raw.patients.set_index(S.PATIENT_ID).loc["2", S.DEATH_DATE]
     assert pd.Timestamp(death) == pd.Timestamp("2022-01-01")
     notes = raw.notes
     assert notes["meds.diagnosis_rows"] == N_DIAGNOSES
-    assert notes["meds.diagnosis_rows.ICD9"] == 3 and notes["meds.diagnosis_rows.ICD10"] == N_DIAGNOSES - 3
+    assert notes["meds.diagnosis_rows.ICD9CM"] == 3 and notes["meds.diagnosis_rows.ICD10CM"] == N_DIAGNOSES - 3
     assert notes["meds.subjects"] == 5 and notes["meds.subjects_without_birth"] == 1
     assert notes["meds.admissions"] == 1 and notes["meds.admissions_without_discharge"] == 0
 
@@ -137,7 +137,7 @@ def test_visit_rules(tmp_path: Path, rule: str, visits_of_1: int) -> None:
     assert max(streams["1"]["visit_index"]) + 1 == visits_of_1
     if rule == "admission":  # the stay holds the diagnosis of its second day and those at discharge
         stay = [t for t, v in zip(streams["1"]["tokens"], streams["1"]["visit_index"]) if v == 0]
-        assert sorted(stay) == ["ICD10:E119", "ICD10:I10", "ICD10:N39", "ICD9:4019", S.CLS, S.SEP]
+        assert sorted(stay) == ["ICD10CM/E119", "ICD10CM/I10", "ICD10CM/N39", "ICD9CM/4019", S.CLS, S.SEP]
 
 
 def test_quarantine_reasons_and_reconciliation(tmp_path: Path) -> None:
@@ -208,14 +208,14 @@ def test_same_tokens_as_the_visits_format(tmp_path: Path, rule: str) -> None:
     ).to_csv(visits_in / "patients.csv", index=False)
     stay = "stay" if rule == "admission" else ""
     events = [
-        ("1", "2020-01-02T10:00", "N39", "ICD10", stay),
-        ("1", "2020-01-03T12:00", "I10", "ICD10", stay),
-        ("1", "2020-01-03T12:00", "E11.9", "ICD10", stay),
-        ("1", "2020-01-03T12:00", "4019", "ICD9", stay),
-        ("1", "2021-05-05T10:00", "J45", "ICD10", ""),
-        ("1", "2021-05-05T15:00", "R05", "ICD10", ""),
-        ("2", "2021-01-01T11:00", "25000", "ICD9", ""),
-        ("2", "2021-01-01T11:00", "E119", "ICD10", ""),
+        ("1", "2020-01-02T10:00", "N39", "ICD10CM", stay),
+        ("1", "2020-01-03T12:00", "I10", "ICD10CM", stay),
+        ("1", "2020-01-03T12:00", "E11.9", "ICD10CM", stay),
+        ("1", "2020-01-03T12:00", "4019", "ICD9CM", stay),
+        ("1", "2021-05-05T10:00", "J45", "ICD10CM", ""),
+        ("1", "2021-05-05T15:00", "R05", "ICD10CM", ""),
+        ("2", "2021-01-01T11:00", "25000", "ICD9CM", ""),
+        ("2", "2021-01-01T11:00", "E119", "ICD10CM", ""),
     ]
     frame = pd.DataFrame(events, columns=[S.PATIENT_ID, S.DATE, S.CODE, S.CODE_SYSTEM, S.VISIT_ID])
     if rule == "same_time":
@@ -245,13 +245,20 @@ def test_missing_column_and_missing_data_folder(tmp_path: Path) -> None:
 
 def test_custom_pattern_and_template(tmp_path: Path) -> None:
     root = write_meds(tmp_path, COHORT)
-    raw = meds.read(root, config(code_pattern=r"^DIAGNOSIS//ICD//10//(?P<code>.+)$", system_template=""))
+    raw = meds.read(root, config(code_patterns=[r"=^DIAGNOSIS//ICD//10//(?P<code>.+)$"]))
     assert set(raw.events[S.CODE_SYSTEM]) == {""} and "4019" not in set(raw.events[S.CODE])
     assert sum(raw.filtered.values()) == len(COHORT) - N_BIRTHS - (N_DIAGNOSES - 3)
+    assert raw.notes["meds.code_pattern_rows.=^DIAGNOSIS//ICD//10//(?P<code>.+)$"] == N_DIAGNOSES - 3
+    raw = meds.read(root, config(code_patterns=[r"WHO{v}=^DIAGNOSIS//ICD//(?P<v>9|10)//(?P<code>.+)$"]))
+    assert set(raw.events[S.CODE_SYSTEM]) == {"WHO9", "WHO10"}
     with pytest.raises(UserError, match="needs a named group"):
-        meds.read(root, config(code_pattern=r"^DIAGNOSIS//(.+)$"))
-    with pytest.raises(UserError, match="code_pattern"):
-        meds.read(root, config(code_pattern=r"^(?P<code>[A-Z]+)(?=9)"))
+        meds.read(root, config(code_patterns=[r"X=^DIAGNOSIS//(.+)$"]))
+    with pytest.raises(UserError, match=r"code_patterns entry .*RE2 syntax"):
+        meds.read(root, config(code_patterns=[r"X=^(?P<code>[A-Z]+)(?=9)"]))
+    with pytest.raises(UserError, match="must be TEMPLATE=REGEX"):
+        meds.read(root, config(code_patterns=[r"^DIAGNOSIS//(?P<code>.+)$"]))
+    with pytest.raises(UserError, match=r"template fields \['w'\]"):
+        meds.read(root, config(code_patterns=[r"{w}=^DIAGNOSIS//(?P<code>.+)$"]))
 
 
 def test_text_ids_and_times(tmp_path: Path) -> None:
@@ -284,8 +291,9 @@ def test_real_sample(tmp_path: Path) -> None:
     assert table["rows"] == 916_166
     reader = manifest["reader"]
     assert reader["meds.subjects"] == 100 and reader["meds.birth_events"] == 100
-    assert reader["meds.diagnosis_rows.ICD9"] > 1000 and reader["meds.diagnosis_rows.ICD10"] > 1000
-    assert reader["meds.diagnosis_rows"] == reader["meds.diagnosis_rows.ICD9"] + reader["meds.diagnosis_rows.ICD10"]
+    icd9, icd10 = reader["meds.diagnosis_rows.ICD9CM"], reader["meds.diagnosis_rows.ICD10CM"]
+    assert icd9 > 1000 and icd10 > 1000 and reader["meds.diagnosis_rows"] == icd9 + icd10
+    assert reader["meds.visit_rule"] == "admission (auto)"
     assert table["used"] == 100 + reader["meds.diagnosis_rows"] - table["quarantined"] - table["duplicates_dropped"]
     assert reader["meds.diagnoses_outside_admission"] < 0.05 * reader["meds.diagnosis_rows"]
     assert manifest["patients"]["with_tokens"] == 100

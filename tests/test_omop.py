@@ -95,6 +95,8 @@ def write_omop(root: Path, fmt: str = "parquet", tables: dict[str, pd.DataFrame]
 
 
 def config(all_train: bool = False, **omop_settings: object) -> EtlConfig:
+    """Concept ids by default: this cohort has no concept table (tests/test_wild_inputs.py covers one)."""
+    omop_settings.setdefault("code_source", "concept_id")
     cfg = EtlConfig(format="omop", omop=OmopConfig(**omop_settings))  # type: ignore[arg-type]
     if all_train:
         cfg.split.train, cfg.split.tuning, cfg.split.held_out = 1.0, 0.0, 0.0
@@ -200,7 +202,7 @@ def test_float_printed_source_values_and_float_columns(tmp_path: Path) -> None:
                 S.OMOP_CONDITION: conditions(printed),
             },
         ),
-        config(code_source="source_value", code_system="SNOMED"),
+        config(code_source="source_value", vocabulary="SNOMED"),
     )
     assert raw.events[S.CODE].tolist()[:2] == ["65363002", "38341003"]
     assert set(raw.events[S.CODE_SYSTEM]) == {"SNOMED"}
@@ -337,4 +339,10 @@ def test_real_sample(tmp_path: Path, code_source: str) -> None:
     if code_source == "source_value":
         assert reader["omop.codes_float_printed_repaired"] == 470
         vocab = pd.read_parquet(tmp_path / "out" / S.VOCAB_FILE)["token"]
-        assert "65363002" in set(vocab) and not vocab.str.endswith(".0").any()
+        assert not vocab.str.endswith(".0").any()
+    # the sample has a concept table: both sources give SNOMED/<concept_code>, the same tokens
+    vocab = set(pd.read_parquet(tmp_path / "out" / S.VOCAB_FILE)["token"])
+    assert "SNOMED/65363002" in vocab and all(t.startswith("SNOMED/") for t in vocab - set(S.SPECIAL_TOKENS))
+    assert reader["omop.conditions_named_by_concept"] == 470
+    described = pd.read_parquet(tmp_path / "out" / S.CODE_DESCRIPTIONS_FILE).set_index(S.TOKEN)[S.DESCRIPTION]
+    assert len(described) == len(vocab) - S.N_SPECIAL and described["SNOMED/65363002"] == "Otitis media"

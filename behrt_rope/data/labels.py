@@ -39,15 +39,16 @@ class TaskConfig:
     """Prediction times: the end of every eligible visit, or one random eligible visit per patient."""
     min_history_visits: int = 1
     """A sample's input holds at least this many visits."""
-    min_label_count: int = 20
-    """A code is a label if it occurs in at least this many train samples' label sets."""
+    min_label_count: int | None = None
+    """A code is a label if it occurs in at least this many train samples' label sets; null: adapt to the
+    data (20, lowered for small cohorts to 1% of the train samples, at least 2)."""
     seed: int = 0
     """Seeds the random visit choice."""
 
     def __post_init__(self) -> None:
         if self.min_history_visits < 1:
             raise ValueError("min_history_visits must be >= 1")
-        if self.min_label_count < 1:
+        if self.min_label_count is not None and self.min_label_count < 1:
             raise ValueError("min_label_count must be >= 1")
 
 
@@ -129,11 +130,32 @@ def span_pairs(seqs: Sequences, starts: np.ndarray, stops: np.ndarray) -> tuple[
 
 def fit_label_vocabulary(seqs: Sequences, samples: Samples, min_count: int) -> np.ndarray:
     """Token ids that are labels: codes present in >= ``min_count`` train samples' label sets (sorted)."""
+    return np.flatnonzero(label_counts(seqs, samples) >= min_count).astype(np.int64)
+
+
+AUTO_MAX_LABEL_COUNT = 20
+AUTO_MIN_LABEL_COUNT = 2
+
+
+def resolve_min_label_count(task: TaskConfig, n_train_samples: int) -> int:
+    """The label threshold: the configured one, or (null) 20 lowered to 1% of the train samples, at least 2.
+
+    >>> [resolve_min_label_count(TaskConfig(), n) for n in (50, 800, 5000)]
+    [2, 8, 20]
+    >>> resolve_min_label_count(TaskConfig(min_label_count=5), 50)
+    5
+    """
+    if task.min_label_count is not None:
+        return task.min_label_count
+    return max(AUTO_MIN_LABEL_COUNT, min(AUTO_MAX_LABEL_COUNT, n_train_samples // 100))
+
+
+def label_counts(seqs: Sequences, samples: Samples) -> np.ndarray:
+    """(vocab ids,) number of samples whose label set holds each token id (0 for special tokens)."""
     sample, token = span_pairs(seqs, samples.label_spans[:, 0], samples.label_spans[:, 1])
     codes = token >= S.N_SPECIAL
     pairs = np.unique(np.stack([sample[codes], token[codes]], axis=1), axis=0)
-    counts = np.bincount(pairs[:, 1], minlength=S.N_SPECIAL) if len(pairs) else np.zeros(S.N_SPECIAL, int)
-    return np.flatnonzero(counts >= min_count).astype(np.int64)
+    return np.bincount(pairs[:, 1], minlength=S.N_SPECIAL) if len(pairs) else np.zeros(S.N_SPECIAL, int)
 
 
 def label_index(label_token_ids: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -150,7 +150,11 @@ def event_reasons(events: pd.DataFrame, patients: pd.DataFrame, rejected_ids: np
     return np.asarray([OK, *_EVENT_REASONS], dtype=object)[index]
 
 
-_READER_REASONS = (Reason.MISSING_BIRTH, Reason.NO_MATCHING_CONCEPT)  # set by readers in the REASON column
+_READER_REASONS = (
+    Reason.MISSING_BIRTH,
+    Reason.NO_MATCHING_CONCEPT,
+    Reason.UNKNOWN_CONCEPT,
+)  # set by readers in the REASON column
 _EVENT_REASONS = (
     *_READER_REASONS,
     Reason.MISSING_PATIENT_ID,

@@ -190,18 +190,19 @@ def normalise_code(code: str, system: str, truncate: int | None, strip_dots: boo
     """One raw code (and its code system) as a token string.
 
     Dots are removed when asked or when truncating (``E11.9`` -> ``E119`` -> ``E11`` at 3 characters);
-    a non-empty system is written before the code so that systems never collide (``ICD9:4589``).
+    a non-empty system (vocabulary) is written before the code, MEDS style, so that vocabularies never
+    collide (``ICD9CM/4589``).
 
     >>> normalise_code("E11.9", "", 3, False), normalise_code("E11.9", "", None, False)
     ('E11', 'E11.9')
-    >>> normalise_code("4589", "ICD9", 3, True)
-    'ICD9:458'
+    >>> normalise_code("4589", "ICD9CM", 3, True)
+    'ICD9CM/458'
     """
     if strip_dots or truncate is not None:
         code = code.replace(".", "")
     if truncate is not None:
         code = code[:truncate]
-    return f"{system}:{code}" if system else code
+    return f"{system}/{code}" if system else code
 
 
 def tokens_of(codes: np.ndarray, systems: np.ndarray, config: EtlConfig) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from behrt_rope.etl.code_styles import DEFAULT_CODE_PATTERNS, DEFAULT_VOCABULARY_ALIASES
 from behrt_rope.schema import SPLITS
 
 
@@ -31,16 +32,21 @@ class SplitConfig:
 class MedsConfig:
     """How MEDS events become diagnosis tokens (``--format meds``)."""
 
-    code_pattern: str = r"^DIAGNOSIS//ICD//(?P<system>9|10)//(?P<code>.+)$"
-    """Regular expression selecting diagnosis codes; named groups ``code`` and optional ``system``."""
-    system_template: str = "ICD{system}"
-    """How the ``system`` group is written into a token (ICD-9 and ICD-10 stay apart)."""
-    visit_rule: Literal["same_time", "same_day", "admission"] = "admission"
-    """What makes a visit: events at one timestamp, on one calendar day, or inside an admission."""
+    code_patterns: list[str] = field(default_factory=lambda: list(DEFAULT_CODE_PATTERNS))
+    """Diagnosis code styles, tried in order, each TEMPLATE=REGEX: the regex (RE2) selects codes, its group
+    ``code`` is the code and the template names the vocabulary from the other groups (docs/formats.md).
+    The defaults read MIMIC-IV MEDS, meds_etl (ICD10CM/...) and Synthea-style (SNOMED//...) codes."""
+    vocabulary_aliases: list[str] = field(default_factory=lambda: list(DEFAULT_VOCABULARY_ALIASES))
+    """NAME=CANONICAL spellings of one vocabulary (SNOMED-CT=SNOMED), so that they give one token."""
+    visit_rule: Literal["auto", "admission", "encounter", "same_time", "same_day"] = "auto"
+    """What makes a visit: auto picks admission when the data has admission events, else encounter when it
+    has encounter events, else same_day; or inside an admission, at an encounter, one timestamp, one day."""
     admission_prefix: str = "HOSPITAL_ADMISSION"
     """Code prefix of admission events (visit_rule=admission)."""
     discharge_prefix: str = "HOSPITAL_DISCHARGE"
     """Code prefix of discharge events (visit_rule=admission)."""
+    encounter_prefixes: list[str] = field(default_factory=lambda: ["ENCOUNTER//", "VISIT//", "Visit/"])
+    """Code prefixes of encounter (visit) events (visit_rule=encounter)."""
     birth_code: str = "MEDS_BIRTH"
     """Code of the birth event."""
     death_code: str = "MEDS_DEATH"
@@ -51,10 +57,11 @@ class MedsConfig:
 class OmopConfig:
     """How OMOP CDM tables become diagnosis tokens (``--format omop``)."""
 
-    code_source: Literal["concept_id", "source_value"] = "concept_id"
-    """Take codes from condition_concept_id (standard) or condition_source_value (as recorded)."""
-    code_system: str = ""
-    """Optional system written before each code (``SNOMED`` gives ``SNOMED:65363002``); empty for none."""
+    code_source: Literal["auto", "concept_id", "source_value"] = "auto"
+    """auto: condition_concept_id when a concept table is there, else condition_source_value; or either."""
+    vocabulary: str = ""
+    """Vocabulary of codes the concept table does not name (source values without a known source concept,
+    or concept ids without a concept table): SNOMED gives SNOMED/65363002; empty: the code alone."""
     skip_zero_concept: bool = True
     """Quarantine condition_concept_id 0 (OMOP's 'no matching concept') when code_source=concept_id."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,8 @@ class RawTables:
     source_splits: pd.DataFrame | None = None  # PATIENT_ID, SPLIT: splits given by the source (MEDS)
     notes: dict[str, Any] = field(default_factory=dict)  # reader findings, copied into the manifest
     patient_id_type: str = "string"  # 'int64' when the source ids are integers (predictions keep the type)
+    filtered_prefixes: Counter[str] = field(default_factory=Counter)  # code prefix -> filtered rows (MEDS)
+    descriptions: pd.DataFrame | None = None  # CODE, CODE_SYSTEM, DESCRIPTION: names the input gives codes
 
 
 PATIENT_COLUMNS = (S.PATIENT_ID, S.BIRTH_DATE, S.DEATH_DATE, S.BIRTH_RAW, S.DEATH_RAW, S.SOURCE_TABLE, S.SOURCE_ROW)

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
+from behrt_rope.etl import descriptions
 from behrt_rope.etl.clean import Cleaned, EventCodes, clean, quarantine_rows
 from behrt_rope.etl.codes import fit_vocabulary, token_codes
 from behrt_rope.etl.config import EtlConfig
@@ -48,6 +49,8 @@ class ShardResult:
     used_events: int
     notes: dict[str, Any] = field(default_factory=dict)
     patient_id_type: str = "string"
+    filtered_prefixes: Counter[str] = field(default_factory=Counter)
+    descriptions: pd.DataFrame | None = None  # raw CODE, CODE_SYSTEM, DESCRIPTION rows from the reader
 
 
 def process_shard(raw: RawTables, config: EtlConfig) -> ShardResult:
@@ -78,6 +81,8 @@ def process_shard(raw: RawTables, config: EtlConfig) -> ShardResult:
         int((~structured.too_long).sum()),
         raw.notes,
         raw.patient_id_type,
+        raw.filtered_prefixes,
+        raw.descriptions,
     )
 
 
@@ -134,6 +139,8 @@ def run_etl(input_dir: Path, out_dir: Path, config: EtlConfig, progress: bool = 
     _write_quarantine(quarantine, out_dir / S.QUARANTINE_FILE)
     shutil.rmtree(tmp, ignore_errors=True)
     pq.write_table(pa.Table.from_pandas(vocabulary, schema=S.VOCAB, preserve_index=False), out_dir / S.VOCAB_FILE)
+    named = descriptions.token_descriptions([r.descriptions for r in results], config, vocabulary)
+    descriptions.write(named, out_dir / S.CODE_DESCRIPTIONS_FILE)
     manifest = build_manifest(results, vocabulary, token_stats, config, input_dir)
     manifest["seconds"] = round(time.perf_counter() - started, 3)
     return manifest
@@ -252,6 +259,7 @@ def build_manifest(
             "unk_share_by_split": {s: round(unk.get(s, 0) / codes[s], 6) if codes.get(s) else 0.0 for s in S.SPLITS},
         },
         "reader": notes,
+        "filtered_code_prefixes": dict(sum((r.filtered_prefixes for r in results), Counter()).most_common(10)),
         "patient_id_type": "int64" if id_types == {"int64"} else "string",
         "shards": config.shards,
         "settings": config_lib.to_dict(config),

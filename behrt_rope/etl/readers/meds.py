@@ -1,28 +1,32 @@
 """Reader of the MEDS format: ``data/**/*.parquet`` event shards and ``metadata/subject_splits.parquet``.
 
 Only a few kinds of MEDS rows matter for BEHRT: the birth and death events (one canonical patient row per
-birth event, death merged into it), diagnoses (``etl.meds.code_pattern``) and, for ``visit_rule=admission``,
-hospital admissions and discharges. Each file is streamed in batches of three columns and those rows are
-picked with Arrow compute (no pandas frame of all events is ever built); every other row of the patient
-shard is counted in ``filtered``, so that per file ``rows_read = canonical rows + filtered``.
+birth event, death merged into it), diagnoses (the styles of ``etl.meds.code_patterns``, see
+:mod:`behrt_rope.etl.code_styles`) and the events that mark visits (hospital admissions and discharges,
+encounters). Each file is streamed in batches of three columns and those rows are picked with Arrow compute
+(no pandas frame of all events is ever built); every other row of the patient shard is counted in
+``filtered``, so that per file ``rows_read = canonical rows + filtered``, and the prefixes of the filtered
+codes are counted so that an ETL that finds nothing can say what it saw.
 
 Rules (docs/formats.md):
 
 - a subject's birth is its ``MEDS_BIRTH`` event; two birth events with different times give two patient rows,
   which the cleaning step quarantines as conflicting; diagnoses of a subject without any birth event are
   quarantined as ``missing_birth``;
-- death is the subject's earliest ``MEDS_DEATH`` event; death, admission and discharge rows are lookups and
-  count as ``filtered``;
-- a diagnosis code is the ``code`` group of ``code_pattern``; its system is ``system_template`` with the
-  ``system`` group filled in (``DIAGNOSIS//ICD//10//I10`` -> ``I10``, ``ICD10``);
-- visits: ``same_time`` (one visit per timestamp), ``same_day`` (the cleaning step groups by calendar day) or
-  ``admission`` (diagnoses from an admission up to its discharge, both inclusive, form one visit; others fall
-  back to their calendar day).
+- death is the subject's earliest ``MEDS_DEATH`` event; death, admission, discharge and encounter rows are
+  lookups and count as ``filtered``;
+- a diagnosis is a code matched by a style; its token is ``VOCABULARY/code`` (``DIAGNOSIS//ICD//10//I10``
+  -> ``ICD10CM/I10``, ``SNOMED//44054006`` -> ``SNOMED/44054006``);
+- visits: ``admission`` (diagnoses from an admission up to its discharge, both inclusive, form one visit),
+  ``encounter`` (a diagnosis joins the subject's latest encounter event at or before it on the same day),
+  ``same_time`` (one visit per timestamp) or ``same_day`` (the cleaning step groups by calendar day); a
+  diagnosis outside every admission or encounter falls back to its calendar day. ``auto`` picks admission
+  when the dataset has admission and discharge events, else encounter when it has encounter events, else
+  same_day; the choice is made on the whole dataset (every shard reads every row), so shards agree.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
@@ -34,25 +38,30 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from behrt_rope import schema as S
-from behrt_rope.errors import InputSchemaError, UserError
-from behrt_rope.etl import io
+from behrt_rope.errors import InputSchemaError
+from behrt_rope.etl import code_styles, io
+from behrt_rope.etl.code_styles import Style
 from behrt_rope.etl.config import EtlConfig, MedsConfig
 from behrt_rope.etl.raw import EVENT_COLUMNS, PATIENT_COLUMNS, RawTables, concat, events_frame, patients_frame
 from behrt_rope.etl.split import shard_of
 
 COLUMNS = (S.MEDS_SUBJECT_ID, S.MEDS_TIME, S.MEDS_CODE)
 _ROW = "__row"  # the row's 0-based number in its file
-_CODE_GROUP, _SYSTEM_GROUP = "code", "system"  # named groups of etl.meds.code_pattern
 _KINDS = {S.MEDS_SUBJECT_ID: "id", S.MEDS_TIME: "time", S.MEDS_CODE: "code"}
+_LOOKUPS = ("admission", "discharge", "encounter")
+_VOCABULARY, _STYLE = "vocabulary", "style"
 
 
 def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) -> RawTables:
     """Read the rows of patient shard ``shard`` (of ``n_shards``) from a MEDS dataset directory."""
     meds = config.meds
-    pattern = _check_pattern(meds.code_pattern)
+    styles = code_styles.parse_styles(meds.code_patterns)
+    aliases = code_styles.parse_aliases(meds.vocabulary_aliases)
     rows_read: Counter[str] = Counter()
     filtered: Counter[str] = Counter()
-    picked: dict[str, list[pa.Table]] = {k: [] for k in ("birth", "death", "diagnosis", "admission", "discharge")}
+    prefixes: Counter[str] = Counter()
+    seen: Counter[str] = Counter()  # lookup kinds present anywhere in the dataset (before the shard filter)
+    picked: dict[str, list[pa.Table]] = {k: [] for k in ("birth", "death", "diagnosis", *_LOOKUPS)}
     subjects: list[np.ndarray] = []
     integer_ids = True
     for path in data_files(input_dir):
@@ -65,16 +74,25 @@ def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) 
             integer_ids &= pa.types.is_integer(batch[S.MEDS_SUBJECT_ID].type)
             batch = batch.append_column(_ROW, pa.array(np.arange(first_row, first_row + batch.num_rows)))
             first_row += batch.num_rows
+            batch = batch.set_column(
+                batch.schema.get_field_index(S.MEDS_CODE), S.MEDS_CODE, _string(batch[S.MEDS_CODE])
+            )
+            lookups = _lookup_masks(batch[S.MEDS_CODE], meds)
+            seen.update(kind for kind, mask in lookups.items() if pc.any(mask).as_py())
             if n_shards > 1:
-                batch = batch.filter(_in_shard(batch[S.MEDS_SUBJECT_ID], shard, n_shards))
+                keep = _in_shard(batch[S.MEDS_SUBJECT_ID], shard, n_shards)
+                batch = batch.filter(keep)
+                lookups = {kind: mask.filter(keep) for kind, mask in lookups.items()}
             rows_read[name] += batch.num_rows
             subjects.append(io.to_text(pc.unique(batch[S.MEDS_SUBJECT_ID])))
-            used = _pick(batch, meds, pattern, name, picked)
+            used = _pick(batch, meds, styles, aliases, name, picked, lookups, prefixes)
             filtered[name] += batch.num_rows - used
 
     notes: dict[str, Any] = {}
+    rule = resolve_visit_rule(meds, seen)
+    notes["meds.visit_rule"] = rule if meds.visit_rule != "auto" else f"{rule} (auto)"
     patients, birth_ids = _patients(picked, notes)
-    events = _diagnoses(picked, meds, birth_ids, notes, config.max_invalid_fraction)
+    events = _diagnoses(picked, styles, rule, birth_ids, notes, config.max_invalid_fraction)
     all_subjects = np.unique(np.concatenate(subjects)) if subjects else np.zeros(0, dtype=object)
     notes["meds.subjects"] = len(all_subjects)
     notes["meds.subjects_without_birth"] = int((~np.isin(all_subjects, birth_ids)).sum())
@@ -90,7 +108,26 @@ def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) 
         source_splits=splits,
         notes=notes,
         patient_id_type="int64" if integer_ids and rows_read else "string",
+        filtered_prefixes=prefixes,
+        descriptions=read_descriptions(input_dir, styles, aliases) if shard == 0 else None,
     )
+
+
+def resolve_visit_rule(meds: MedsConfig, seen: Counter[str]) -> str:
+    """The visit rule to apply: the configured one, or for ``auto`` what the dataset's events support.
+
+    >>> resolve_visit_rule(MedsConfig(), Counter(admission=1, discharge=1, encounter=1))
+    'admission'
+    >>> resolve_visit_rule(MedsConfig(), Counter(admission=1, encounter=1))
+    'encounter'
+    >>> resolve_visit_rule(MedsConfig(), Counter())
+    'same_day'
+    """
+    if meds.visit_rule != "auto":
+        return meds.visit_rule
+    if seen["admission"] and seen["discharge"]:
+        return "admission"
+    return "encounter" if seen["encounter"] else "same_day"
 
 
 def data_files(input_dir: Path) -> list[Path]:
@@ -132,21 +169,22 @@ def read_splits(input_dir: Path, shard: int, n_shards: int) -> pd.DataFrame | No
 
 
 # ---------------------------------------------------------------------------------------------------------
-def _check_pattern(pattern: str) -> str:
-    """Stop early, naming the setting, when ``code_pattern`` is not usable."""
-    try:
-        groups = re.compile(pattern).groupindex
-    except re.error as err:
-        raise UserError(f"etl.meds.code_pattern {pattern!r} is not a regular expression: {err}") from err
-    if _CODE_GROUP not in groups:
-        raise UserError(f"etl.meds.code_pattern {pattern!r} needs a named group (?P<code>...)")
-    try:
-        pc.extract_regex(pa.array([""]), pattern)
-    except pa.ArrowInvalid as err:
-        raise UserError(
-            f"etl.meds.code_pattern {pattern!r}: {err} (RE2 syntax; name every group or use (?:...))"
-        ) from err
-    return pattern
+def read_descriptions(input_dir: Path, styles: list[Style], aliases: dict[str, str]) -> pd.DataFrame | None:
+    """Diagnosis descriptions from ``metadata/codes.parquet`` (CODE, CODE_SYSTEM, DESCRIPTION), or None.
+
+    Only codes the styles take as diagnoses are kept, named the way their events are.
+    """
+    path = input_dir / S.MEDS_CODES_FILE
+    if not path.is_file() or S.DESCRIPTION not in io.column_names(path):
+        return None
+    table = pq.read_table(path, columns=[S.MEDS_CODE, S.DESCRIPTION])
+    code = _string(table[S.MEDS_CODE])
+    matches = code_styles.match(code, styles, aliases)
+    described = io.to_text(table[S.DESCRIPTION])
+    keep = (matches.style >= 0) & (described != "")
+    return pd.DataFrame(
+        {S.CODE: matches.code[keep], S.CODE_SYSTEM: matches.vocabulary[keep], S.DESCRIPTION: described[keep]}
+    )
 
 
 def _in_shard(ids: pa.ChunkedArray, shard: int, n_shards: int) -> pa.ChunkedArray:
@@ -156,29 +194,64 @@ def _in_shard(ids: pa.ChunkedArray, shard: int, n_shards: int) -> pa.ChunkedArra
     return pc.is_in(ids, value_set=mine)
 
 
-def _pick(batch: pa.Table, meds: MedsConfig, pattern: str, name: str, picked: dict[str, list[pa.Table]]) -> int:
-    """Set aside the rows the reader uses; return how many become canonical rows (births and diagnoses)."""
+def _string(code: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The code column as Arrow strings (large strings and dictionaries are cast)."""
+    return code if pa.types.is_string(code.type) else pc.cast(code, pa.string())
+
+
+def _lookup_masks(code: pa.ChunkedArray, meds: MedsConfig) -> dict[str, pa.ChunkedArray]:
+    """Per lookup kind the visit rule may need, a null-free mask of the rows holding such events."""
+    wanted = {
+        "admission": (meds.admission_prefix,),
+        "discharge": (meds.discharge_prefix,),
+        "encounter": tuple(meds.encounter_prefixes),
+    }
+    if meds.visit_rule != "auto":
+        wanted = {k: v for k, v in wanted.items() if k in _rule_lookups(meds.visit_rule)}
+    masks = {}
+    for kind, prefixes in wanted.items():
+        mask = pc.starts_with(code, prefixes[0]) if prefixes else pc.equal(code, "\x00")
+        for prefix in prefixes[1:]:
+            mask = pc.or_(mask, pc.starts_with(code, prefix))
+        masks[kind] = pc.fill_null(mask, False)
+    return masks
+
+
+def _rule_lookups(rule: str) -> tuple[str, ...]:
+    return {"admission": ("admission", "discharge"), "encounter": ("encounter",)}.get(rule, ())
+
+
+def _pick(
+    batch: pa.Table,
+    meds: MedsConfig,
+    styles: list[Style],
+    aliases: dict[str, str],
+    name: str,
+    picked: dict[str, list[pa.Table]],
+    lookups: dict[str, pa.ChunkedArray],
+    prefixes: Counter[str],
+) -> int:
+    """Set aside the rows the reader uses; count the prefixes of the rest; return how many become canonical
+    rows (births and diagnoses)."""
     code = batch[S.MEDS_CODE]
-    if not (pa.types.is_string(code.type) or pa.types.is_large_string(code.type)):
-        code = pc.cast(code, pa.string())
     keys = batch.select([S.MEDS_SUBJECT_ID, S.MEDS_TIME, _ROW])
     birth = pc.fill_null(pc.equal(code, meds.birth_code), False)
     death = pc.fill_null(pc.equal(code, meds.death_code), False)
-    parts = pc.extract_regex(code, pattern)
-    diagnosis = pc.and_(pc.is_valid(parts), pc.invert(pc.or_(birth, death)))
+    matches = code_styles.match(code, styles, aliases)
+    diagnosis = pa.array((matches.style >= 0) & ~pc.or_(birth, death).to_numpy())
     picked["birth"].append(keys.filter(birth).append_column("file", _const(name, birth)))
     picked["death"].append(keys.filter(death))
     found = keys.filter(diagnosis).append_column("file", _const(name, diagnosis))
-    matched = parts.filter(diagnosis)
-    fields = [field.name for field in matched.type]
-    for group in (_CODE_GROUP, _SYSTEM_GROUP):
-        if group in fields:
-            found = found.append_column(group, pc.struct_field(matched, group))
+    rows = np.asarray(diagnosis, dtype=bool)
+    found = found.append_column(code_styles.CODE_GROUP, pa.array(matches.code[rows], pa.string()))
+    found = found.append_column(_VOCABULARY, pa.array(matches.vocabulary[rows], pa.string()))
+    found = found.append_column(_STYLE, pa.array(matches.style[rows]))
     picked["diagnosis"].append(found)
-    if meds.visit_rule == "admission":
-        for kind, prefix in (("admission", meds.admission_prefix), ("discharge", meds.discharge_prefix)):
-            picked[kind].append(keys.filter(pc.fill_null(pc.starts_with(code, prefix), False)))
-    return int(pc.sum(birth).as_py() or 0) + int(pc.sum(diagnosis).as_py() or 0)
+    for kind, mask in lookups.items():
+        picked[kind].append(keys.filter(mask))
+    used = pc.or_(birth, diagnosis)
+    prefixes.update(code_styles.prefix_counts(code.filter(pc.invert(used))))
+    return int(pc.sum(birth).as_py() or 0) + int(rows.sum())
 
 
 def _const(value: str, mask: pa.ChunkedArray) -> pa.Array:
@@ -229,26 +302,32 @@ def _patients(picked: dict[str, list[pa.Table]], notes: dict[str, Any]) -> tuple
 
 def _diagnoses(
     picked: dict[str, list[pa.Table]],
-    meds: MedsConfig,
+    styles: list[Style],
+    rule: str,
     birth_ids: np.ndarray,
     notes: dict[str, Any],
     max_invalid: float,
 ) -> pd.DataFrame:
-    """Canonical event rows of the diagnoses, with code system, visit id and the missing_birth finding."""
+    """Canonical event rows of the diagnoses, with vocabulary, visit id and the missing_birth finding."""
     found = _combine(picked["diagnosis"])
     notes["meds.diagnosis_rows"] = 0 if found is None else found.num_rows
+    style_counts = np.bincount(found[_STYLE].to_numpy(), minlength=len(styles)) if found is not None else None
+    for i, style in enumerate(styles):
+        notes[f"meds.code_pattern_rows.{style.entry}"] = 0 if style_counts is None else int(style_counts[i])
     if found is None:
         return _with_reason(concat([], EVENT_COLUMNS), np.zeros(0, dtype=object))
     ids = io.to_text(found[S.MEDS_SUBJECT_ID])
     time = io.parse_times(found[S.MEDS_TIME])
-    code = io.to_text(found[_CODE_GROUP])
-    system = _systems(found, meds.system_template)
-    for name, n in zip(*np.unique(system, return_counts=True)):
-        notes[f"meds.diagnosis_rows.{name or 'no_system'}"] = int(n)
-    if meds.visit_rule == "same_time":
+    code = io.to_text(found[code_styles.CODE_GROUP])
+    vocabulary = io.to_text(found[_VOCABULARY])
+    for name, n in zip(*np.unique(vocabulary, return_counts=True)):
+        notes[f"meds.diagnosis_rows.{name or 'no_vocabulary'}"] = int(n)
+    if rule == "same_time":
         visit = np.where(np.isnat(time), "", np.datetime_as_string(time, unit="us")).astype(object)
-    elif meds.visit_rule == "admission":
+    elif rule == "admission":
         visit = _admission_visits(ids, time, picked, notes)
+    elif rule == "encounter":
+        visit = _encounter_visits(ids, time, picked, notes)
     else:
         visit = None
     missing_birth = (ids != "") & ~np.isin(ids, birth_ids)
@@ -270,7 +349,7 @@ def _diagnoses(
             time[mine],
             time_raw[mine],
             code[mine],
-            system[mine],
+            vocabulary[mine],
             None if visit is None else visit[mine],
             str(name),
             rows[mine],
@@ -284,21 +363,37 @@ def _with_reason(frame: pd.DataFrame, reason: np.ndarray) -> pd.DataFrame:
     return frame
 
 
-def _systems(found: pa.Table, template: str) -> np.ndarray:
-    """The code system of each diagnosis: ``template`` with ``{system}`` filled, once per distinct value.
+def _encounter_visits(
+    ids: np.ndarray, time: np.ndarray, picked: dict[str, list[pa.Table]], notes: dict[str, Any]
+) -> np.ndarray:
+    """Visit id per diagnosis: ``encounter:<encounter time>`` of the subject's latest encounter event at or
+    before the diagnosis on the same calendar day, else of its first encounter later that day (a diagnosis
+    stamped with its date only, at midnight); else '' (the calendar day then groups it).
 
-    Without a ``system`` group, a template without ``{system}`` is written as is, and one with it gives ''.
+    MEDS encounter events carry their start only; the same-day bound keeps a diagnosis weeks after a visit
+    from joining it.
     """
-    if _SYSTEM_GROUP not in found.column_names:
-        value = "" if "{system}" in template else template
-        return np.full(found.num_rows, value, dtype=object)
-    raw = io.to_text(found[_SYSTEM_GROUP])
-    uniques, index = np.unique(raw, return_inverse=True)
-    try:
-        written = np.array([template.format(system=u) for u in uniques], dtype=object)
-    except (KeyError, IndexError, ValueError) as err:
-        raise UserError(f"etl.meds.system_template {template!r} is not usable: only {{system}} may appear") from err
-    return written[index]
+    visit = np.full(len(ids), "", dtype=object)
+    encounters = _times(_combine(picked["encounter"])).sort_values("t")
+    encounters = encounters.assign(start=encounters["t"])
+    notes["meds.encounters"] = len(encounters)
+    start = np.full(len(ids), np.datetime64("NaT"), dtype="datetime64[us]")
+    events = pd.DataFrame({"t": time, "id": ids, "row": np.arange(len(ids))})
+    events = events[~np.isnat(time)].sort_values("t")
+    directions: tuple[Literal["backward", "forward"], ...] = ("backward", "forward")
+    for direction in directions:
+        todo = events[np.isnat(start[events["row"].to_numpy()])]
+        if not len(todo) or not len(encounters):
+            break
+        matched = pd.merge_asof(todo, encounters, on="t", by="id", direction=direction)
+        found = matched["start"].to_numpy(dtype="datetime64[us]")
+        day = matched["t"].to_numpy(dtype="datetime64[us]").astype("datetime64[D]")
+        same_day = ~np.isnat(found) & (found.astype("datetime64[D]") == day)
+        start[matched["row"].to_numpy()[same_day]] = found[same_day]
+    inside = ~np.isnat(start)
+    visit[inside] = np.char.add("encounter:", np.datetime_as_string(start[inside], unit="s"))
+    notes["meds.diagnoses_outside_encounter"] = int(((visit == "") & ~np.isnat(time)).sum())
+    return visit
 
 
 def _admission_visits(

@@ -13,6 +13,10 @@ Rules (docs/formats.md):
   unparseable birth and the person is quarantined;
 - death: the person's earliest ``death`` row (``death_datetime`` when it parses, else ``death_date``), else
   the person's own ``death_datetime`` column where a CDM version has one;
+- code naming: with a ``concept`` table, a condition concept is named ``vocabulary_id/concept_code``
+  (``SNOMED/44054006``, as MEDS names codes), and a source value takes the vocabulary of its
+  ``condition_source_concept_id``; otherwise codes take ``etl.omop.vocabulary`` (``code_source=auto``
+  reads concept ids with a concept table and source values without one);
 - codes: ``condition_concept_id`` or ``condition_source_value`` (``etl.omop.code_source``) as text; concept
   ids are integers, so ``372328.0`` (a float column, or float-printed text) is ``372328``; source values are
   float-printed only when every non-empty value of the file is (``65363002.0``): then ``.0`` is dropped,
@@ -44,6 +48,7 @@ from behrt_rope.etl.split import shard_of
 
 FLOAT_PRINTED = r"^([+-]?\d+)\.0+$"  # an integer printed as a float: 65363002.0
 NO_CONCEPT = "0"
+_CONCEPT = "__concept_id"  # the concept id that names a condition's code through the concept table
 
 
 def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) -> RawTables:
@@ -53,7 +58,9 @@ def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) 
     deaths = _deaths(input_dir, config, shard, n_shards, counts, notes)
     patients, integer_ids = _persons(input_dir, config, shard, n_shards, deaths, counts, notes)
     visits = _visits(input_dir, config, shard, n_shards, counts, notes)
-    events = _conditions(input_dir, config, shard, n_shards, counts, notes)
+    source = code_source(input_dir, config.omop.code_source)
+    events = _conditions(input_dir, config, source, shard, n_shards, counts, notes)
+    events, named = _name_codes(events, input_dir, config, source, notes)
     _visit_notes(events, visits, notes)
     person_ids = patients[S.PATIENT_ID].to_numpy(dtype=object)
     notes["omop.death_rows_without_person"] = int((~deaths.index.isin(person_ids)).sum())
@@ -65,7 +72,15 @@ def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) 
         filtered=dict(counts.filtered),
         notes=notes,
         patient_id_type="int64" if integer_ids else "string",
+        descriptions=named,
     )
+
+
+def code_source(input_dir: Path, setting: str) -> str:
+    """``concept_id`` or ``source_value``: the setting, or for ``auto`` concept_id when there is a concept table."""
+    if setting != "auto":
+        return setting
+    return "concept_id" if find_table(input_dir, S.OMOP_CONCEPT, required=False) else "source_value"
 
 
 def find_table(input_dir: Path, name: str, required: bool = True) -> list[Path]:
@@ -342,24 +357,32 @@ def _visits(
 
 
 def _conditions(
-    input_dir: Path, config: EtlConfig, shard: int, n_shards: int, counts: _Counts, notes: dict[str, Any]
+    input_dir: Path,
+    config: EtlConfig,
+    source: str,
+    shard: int,
+    n_shards: int,
+    counts: _Counts,
+    notes: dict[str, Any],
 ) -> pd.DataFrame:
-    """One canonical event row per condition_occurrence row."""
+    """One canonical event row per condition_occurrence row, with the concept id that names it (_CONCEPT)."""
     omop = config.omop
-    code_column = S.OMOP_CONDITION_CONCEPT_ID if omop.code_source == "concept_id" else S.OMOP_CONDITION_SOURCE_VALUE
+    code_column = S.OMOP_CONDITION_CONCEPT_ID if source == "concept_id" else S.OMOP_CONDITION_SOURCE_VALUE
+    concept_column = S.OMOP_CONDITION_CONCEPT_ID if source == "concept_id" else S.OMOP_CONDITION_SOURCE_CONCEPT_ID
     wanted = (
         S.OMOP_PERSON_ID,
         code_column,
         S.OMOP_CONDITION_START_DATETIME,
         S.OMOP_CONDITION_START_DATE,
         S.OMOP_VISIT_OCCURRENCE_ID,
+        S.OMOP_CONDITION_SOURCE_CONCEPT_ID,
     )
     required = (S.OMOP_PERSON_ID, code_column, f"{S.OMOP_CONDITION_START_DATE}|{S.OMOP_CONDITION_START_DATETIME}")
     frames = []
     stats: Counter[str] = Counter()
     float_printed: dict[Path, bool] = {}
     for path, name, batch, first_row in _batches(input_dir, S.OMOP_CONDITION, wanted, required):
-        for column in (S.OMOP_PERSON_ID, code_column, S.OMOP_VISIT_OCCURRENCE_ID):
+        for column in (S.OMOP_PERSON_ID, code_column, S.OMOP_VISIT_OCCURRENCE_ID, concept_column):
             if column in batch.column_names:
                 _check(path, column, batch[column], "id")
         ids = integer_text(batch[S.OMOP_PERSON_ID])
@@ -383,20 +406,89 @@ def _conditions(
             time[keep],
             time_raw[keep],
             code[keep],
-            np.full(int(keep.sum()), omop.code_system, dtype=object),
+            np.full(int(keep.sum()), omop.vocabulary, dtype=object),
             None if visit is None else visit[keep],
             name,
             (first_row + np.arange(batch.num_rows))[keep],
         )
         frame[S.REASON] = np.where(zero[keep], S.Reason.NO_MATCHING_CONCEPT, "").astype(object)
+        concept = (
+            integer_text(batch[concept_column])[keep]
+            if concept_column in batch.column_names
+            else np.full(int(keep.sum()), "", dtype=object)
+        )
+        frame[_CONCEPT] = np.where(concept == NO_CONCEPT, "", concept).astype(object)
         frames.append(frame)
-    events = concat(frames, (*EVENT_COLUMNS, S.REASON))
+    events = concat(frames, (*EVENT_COLUMNS, S.REASON, _CONCEPT))
     notes["omop.condition_rows"] = len(events)
     notes["omop.code_source"] = code_column
     notes["omop.zero_concept_rows_quarantined"] = stats["zero"]
     notes["omop.codes_float_printed_repaired"] = stats["float_printed"]
     notes["omop.codes_non_integral_float"] = stats["non_integral"]
     return events
+
+
+def _name_codes(
+    events: pd.DataFrame, input_dir: Path, config: EtlConfig, source: str, notes: dict[str, Any]
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """Name codes ``vocabulary_id/concept_code`` through the concept table, where there is one.
+
+    concept_id: every condition concept is looked up; one the table lacks is quarantined
+    (``concept_not_in_concept_table``). source_value: the source value keeps its text and takes the
+    vocabulary of its ``condition_source_concept_id`` when the table knows it, else ``etl.omop.vocabulary``.
+    Returns the events (without the helper column) and (CODE, CODE_SYSTEM, DESCRIPTION) of the named codes.
+    """
+    concept_ids = events.pop(_CONCEPT).to_numpy(dtype=object)
+    tables = find_table(input_dir, S.OMOP_CONCEPT, required=False)
+    if not tables:
+        notes["omop.code_naming"] = f"{source} with vocabulary {config.omop.vocabulary!r} (no concept table)"
+        return events, None
+    concepts = _concepts(input_dir, np.unique(concept_ids[concept_ids != ""]))
+    where = pd.Index(concepts.index).get_indexer(concept_ids)
+    found = where >= 0
+    vocabulary = events[S.CODE_SYSTEM].to_numpy(dtype=object).copy()
+    vocabulary[found] = concepts[S.OMOP_VOCABULARY_ID].to_numpy(dtype=object)[where[found]]
+    events[S.CODE_SYSTEM] = vocabulary
+    if source == "concept_id":
+        code = events[S.CODE].to_numpy(dtype=object).copy()
+        code[found] = concepts[S.OMOP_CONCEPT_CODE].to_numpy(dtype=object)[where[found]]
+        events[S.CODE] = code
+        reason = events[S.REASON].to_numpy(dtype=object)
+        unknown = ~found & (reason == "") & (concept_ids != "")
+        events[S.REASON] = np.where(unknown, S.Reason.UNKNOWN_CONCEPT, reason).astype(object)
+        notes["omop.concepts_not_in_concept_table"] = int(unknown.sum())
+    notes["omop.code_naming"] = f"{source} named through {tables[0].relative_to(input_dir)}"
+    notes["omop.conditions_named_by_concept"] = int(found.sum())
+    named = pd.DataFrame(
+        {
+            S.CODE: events[S.CODE].to_numpy(dtype=object)[found],
+            S.CODE_SYSTEM: vocabulary[found],
+            S.DESCRIPTION: concepts[S.OMOP_CONCEPT_NAME].to_numpy(dtype=object)[where[found]],
+        }
+    ).drop_duplicates()
+    return events, named
+
+
+def _concepts(input_dir: Path, wanted: np.ndarray) -> pd.DataFrame:
+    """vocabulary_id, concept_code, concept_name of the ``wanted`` concept ids (text), indexed by id.
+
+    The concept table (all of OMOP's vocabularies can be millions of rows) is streamed and only the wanted
+    rows are kept. It is reference data, not patient data, so it is not counted in the manifest's tables.
+    """
+    columns = (S.OMOP_CONCEPT_ID, S.OMOP_VOCABULARY_ID, S.OMOP_CONCEPT_CODE, S.OMOP_CONCEPT_NAME)
+    frames = []
+    want = pd.Index(wanted)
+    for path, _, batch, _ in _batches(input_dir, S.OMOP_CONCEPT, columns, columns[:3]):
+        _check(path, S.OMOP_CONCEPT_ID, batch[S.OMOP_CONCEPT_ID], "id")
+        ids = integer_text(batch[S.OMOP_CONCEPT_ID])
+        keep = want.get_indexer(ids) >= 0
+        frame = {c: io.to_text(batch[c])[keep] for c in columns[1:] if c in batch.column_names}
+        frame.setdefault(S.OMOP_CONCEPT_NAME, np.full(int(keep.sum()), "", dtype=object))
+        frames.append(pd.DataFrame({S.OMOP_CONCEPT_ID: ids[keep], **frame}))
+    if not frames:
+        return pd.DataFrame(columns=list(columns[1:]), index=pd.Index([], dtype=object))
+    table = pd.concat(frames, ignore_index=True).drop_duplicates(S.OMOP_CONCEPT_ID)
+    return table.set_index(S.OMOP_CONCEPT_ID)
 
 
 def _codes(
