@@ -1,19 +1,22 @@
 """Prediction quality on synthetic cohorts of different shapes: model against both references and the oracle.
 
-    python benchmarks/quality.py [--cohorts default short_sparse long_dense] [--patients 5000]
+    python benchmarks/quality.py [--cohorts default short_sparse long_dense] [--patients 8000]
+                                 [--split 0.5 0.05 0.45]
                                  [--work DIR] [--oracle-replicas 300] [--markdown FILE] [--ablate-wide]
                                  [-- extra overrides for pretrain and finetune, e.g. trainer.max_epochs=2]
 
 For each cohort: ``behrt-rope synth`` (with ``oracle=true``) -> ``etl`` -> ``pretrain`` -> ``finetune
 --pretrained`` -> ``evaluate oracle=...``, every stage through the real CLI with its DEFAULT settings (the
-cohort's shape is the only thing that changes), each in its own process. Figures come from the held-out
-split, which no setting was chosen on. Prints ONE JSON object: per cohort, macro/micro AP and macro AUROC of
-the model, the logistic regression, the gradient-boosted model and the oracle on the held-out samples at
-the oracle's cuts (with 95% bootstrap intervals), the share of the logistic-regression-to-oracle gap each
-closes (macro AP, with a paired interval), the same predictors on every held-out sample (no oracle), and the
-CPU and wall seconds of each stage (CPU: user + system of the stage's process and its children). With
-``--ablate-wide`` a second model is fine-tuned from the same pre-trained encoder with ``model.wide=false``
-and scored at the same cuts (row ``model_without_wide_path``): what the encoder earns on its own. With
+cohort's shape is the only thing that changes, and the ETL's patient split: by default 50% train, 5% tuning,
+45% held-out of 8,000 patients, i.e. 4,000 train patients and one oracle cut for each of about 3,600 held-out
+patients, since macro AP over a few hundred cuts is mostly noise), each in its own process. Figures come from
+the held-out split, which no setting was chosen on. Prints ONE JSON object: per cohort, macro/micro AP and
+macro AUROC of the model, the logistic regression, the gradient-boosted model and the oracle on the held-out
+samples at the oracle's cuts (with 95% bootstrap intervals), the share of the logistic-regression-to-oracle
+gap each closes (macro AP, with a paired interval), the same predictors on every held-out sample (no oracle),
+and the CPU and wall seconds of each stage (CPU: user + system of the stage's process and its children). With
+``--ablate-wide`` a second model is fine-tuned from the same pre-trained encoder with ``model.wide=false`` and
+scored at the same cuts (row ``model_without_wide_path``): what the encoder earns on its own. With
 ``--markdown FILE`` it also writes the table that ``docs/benchmarks.md`` shows.
 
 The cohorts differ in structure, and their seeds are ones the defaults were never tuned on:
@@ -70,7 +73,13 @@ def stage(command: str, *args: str) -> dict[str, float]:
 
 
 def run_cohort(
-    work: Path, name: str, patients: int, replicas: int, extra: list[str], ablate_wide: bool = False
+    work: Path,
+    name: str,
+    patients: int,
+    replicas: int,
+    extra: list[str],
+    ablate_wide: bool = False,
+    split: tuple[float, float, float] = (0.8, 0.1, 0.1),
 ) -> dict[str, Any]:
     """Every stage on one cohort; the figures of its evaluation and the cost of each stage."""
     d = {s: work / name / s for s in ("cohort", "etl", "pretrain", "finetune", "evaluate")}
@@ -85,7 +94,15 @@ def run_cohort(
             "oracle=true",
             f"oracle_replicas={replicas}",
         ),
-        "etl": stage("etl", "--input", str(d["cohort"]), "--out", str(d["etl"]), "progress=false"),
+        "etl": stage(
+            "etl",
+            "--input",
+            str(d["cohort"]),
+            "--out",
+            str(d["etl"]),
+            "progress=false",
+            *(f"etl.split.{k}={v}" for k, v in zip(("train", "tuning", "held_out"), split)),
+        ),
         "pretrain": stage(
             "pretrain", "--data", str(d["etl"]), "--out", str(d["pretrain"]), "trainer.progress_bar=false", *extra
         ),
@@ -215,7 +232,16 @@ def markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cohorts", nargs="+", default=list(COHORTS), choices=list(COHORTS))
-    parser.add_argument("--patients", type=int, default=5000)
+    parser.add_argument("--patients", type=int, default=8000)
+    parser.add_argument(
+        "--split",
+        type=float,
+        nargs=3,
+        default=(0.5, 0.05, 0.45),
+        metavar=("TRAIN", "TUNING", "HELD_OUT"),
+        help="patient shares; the default gives 4,000 train patients and a held-out set large enough for the "
+        "oracle comparison (one cut per held-out patient)",
+    )
     parser.add_argument("--oracle-replicas", type=int, default=300)
     parser.add_argument("--work", type=Path, default=None, help="keep every stage's output here")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the docs table here")
@@ -230,13 +256,14 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": "quality",
             "patients": args.patients,
             "oracle_replicas": args.oracle_replicas,
+            "split": args.split,
             "overrides": args.extra,
             "cohorts": {},
         }
         for name in args.cohorts:
             print(f"quality: cohort {name}", file=sys.stderr, flush=True)
             results["cohorts"][name] = run_cohort(
-                work, name, args.patients, args.oracle_replicas, args.extra, args.ablate_wide
+                work, name, args.patients, args.oracle_replicas, args.extra, args.ablate_wide, tuple(args.split)
             )
     print(json.dumps(results, indent=2))
     if args.markdown:
