@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
+from behrt_rope import atomic
 from behrt_rope.errors import UserError
 
 T = TypeVar("T")
@@ -86,7 +87,7 @@ def to_dict(obj: Any) -> Any:
 
 def save(obj: Any, path: str | Path) -> None:
     """Write the resolved configuration next to a stage's outputs."""
-    Path(path).write_text(yaml.safe_dump(to_dict(obj), sort_keys=False))
+    atomic.write_text(path, yaml.safe_dump(to_dict(obj), sort_keys=False))
 
 
 def field_help(cls: type) -> dict[str, str]:
