@@ -64,7 +64,7 @@ def padding_share(lengths: np.ndarray, batches: list[np.ndarray]) -> float:
 class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Batches of indices grouped by length; shuffled per epoch; shards batches across DDP ranks.
 
-    Lightning calls ``set_epoch`` each epoch. Under DDP every rank gets the same number of batches (the
+    Lightning calls ``set_epoch`` each epoch (through ``self.sampler``, where it looks for it). Under DDP every rank gets the same number of batches (the
     list is padded by repeating batches, cyclically), so no rank waits for another at the end of an epoch.
     A repeated batch is an exact copy (same indices), so evaluation can recognise and drop it.
 
@@ -85,6 +85,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.epoch = 0
         self._skip = 0  # batches of this epoch to skip at the next iteration (resume)
         self._listeners: list[Callable[[int], None]] = []
+        self.sampler = _EpochHandle(self)  # Lightning sets each epoch through it (see _EpochHandle)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -137,6 +138,17 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     def __len__(self) -> int:
         world, _ = _world()
         return -(-len(self.batches()) // world)
+
+
+class _EpochHandle:
+    """``batch_sampler.sampler``: Lightning calls ``set_epoch`` on a DataLoader's ``sampler`` and on its
+    ``batch_sampler.sampler``, never on the batch sampler itself; this forwards the call to it."""
+
+    def __init__(self, owner: BucketBatchSampler) -> None:
+        self.owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self.owner.set_epoch(epoch)
 
 
 def _world() -> tuple[int, int]:
