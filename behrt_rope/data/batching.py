@@ -64,8 +64,9 @@ def padding_share(lengths: np.ndarray, batches: list[np.ndarray]) -> float:
 class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Batches of indices grouped by length; shuffled per epoch; shards batches across DDP ranks.
 
-    Lightning calls ``set_epoch`` each epoch (through ``self.sampler``, where it looks for it). Under DDP every rank gets the same number of batches (the
-    list is padded by repeating batches, cyclically), so no rank waits for another at the end of an epoch.
+    Lightning calls ``set_epoch`` each epoch (through ``self.sampler``, where it looks for it). Under DDP
+    every rank gets the same number of batches (the list is padded by repeating batches, cyclically), so no
+    rank waits for another at the end of an epoch.
     A repeated batch is an exact copy (same indices), so evaluation can recognise and drop it.
 
     An epoch's batches depend only on (seed, epoch), so training resumed mid-epoch continues exactly:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from behrt_rope.training.checkpoints import ExactResume, SafeCheckpointIO
 from behrt_rope.training.config import TrainerConfig
 
 log = logging.getLogger(__name__)
+# ExactResume restores the sampler's position itself; Lightning cannot see that and warns on every resume
+warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
 
 
 def resolve_precision(cfg: TrainerConfig) -> str:
