@@ -13,6 +13,7 @@ complete file, or none; never half of one. A process killed mid-write leaves onl
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -113,6 +114,25 @@ def remove_partials(folder: str | Path) -> int:
             _remove(p)
             removed += 1
     return removed
+
+
+def remove_partials_of(path: str | Path) -> int:
+    """Delete the temporary files that interrupted writers of ``path`` left beside it; return how many.
+
+    Only ``path``'s own (``.NAME.partial-PID``), so it is safe in a folder that other outputs share.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> _ = (folder / ".a.parquet.partial-7").write_text("half")
+    >>> _ = (folder / ".b.parquet.partial-7").write_text("someone else's")
+    >>> remove_partials_of(folder / "a.parquet"), sorted(p.name for p in folder.iterdir())
+    (1, ['.b.parquet.partial-7'])
+    """
+    target = Path(path)
+    found = list(target.parent.glob(f".{glob.escape(target.name)}{PARTIAL_MARK}*"))
+    for p in found:
+        _remove(p)
+    return len(found)
 
 
 def _remove(path: Path) -> None:

@@ -103,7 +103,8 @@ def stage(out_dir: str | Path, resolved: Any, name: str) -> Iterator[Path]:
 
 @contextmanager
 def file_output(out: str | Path, related: Iterable[str | Path] = ()) -> Iterator[Path]:
-    """Lock a single-file output (``.OUT.lock`` beside it) and remove it and its ``related`` files first.
+    """Lock a single-file output (``.OUT.lock`` beside it) and remove it and its ``related`` files first,
+    with any temporary files an interrupted run left for them.
 
     The caller writes ``related`` files (sidecars) and then ``out`` itself, atomically and last, so that
     ``out`` exists only when everything it goes with is complete.
@@ -113,6 +114,7 @@ def file_output(out: str | Path, related: Iterable[str | Path] = ()) -> Iterator
     with output_lock(path.with_name(f".{path.name}.lock"), path):
         for file in (path, *map(Path, related)):
             file.unlink(missing_ok=True)
+            atomic.remove_partials_of(file)
         yield path
 
 

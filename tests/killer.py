@@ -3,7 +3,8 @@
     python tests/killer.py WHEN OUT -- COMMAND ARGS...
 
 WHEN is ``rename:N`` (kill just before the N-th file is renamed into place under OUT: its temporary file is
-written, the real one not yet), ``step:N`` (kill as the training step after N optimizer steps starts) or
+written, the real one not yet), ``file:NAME`` (the same, before the first rename onto a file called NAME),
+``step:N`` (kill as the training step after N optimizer steps starts) or
 ``never``. The process kills itself with SIGKILL, so nothing (no ``finally``, no atexit) runs: exactly what
 a power cut or the OOM killer leaves. Exits 0 only if the command finished without being killed.
 """
@@ -20,15 +21,16 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def kill_before_rename(number: int, out: Path) -> None:
+def kill_before_rename(out: Path, number: int = 0, name: str = "") -> None:
     real_replace = os.replace
     count = 0
 
     def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str], **kwargs: object) -> None:
         nonlocal count
-        if Path(os.path.abspath(dst)).is_relative_to(out):
+        target = Path(os.path.abspath(dst))
+        if target.is_relative_to(out):
             count += 1
-            if count == number:
+            if count == number or target.name == name:
                 die()
         real_replace(src, dst, **kwargs)  # type: ignore[arg-type]
 
@@ -54,7 +56,9 @@ def main() -> int:
     assert sep == "--", "usage: killer.py WHEN OUT -- COMMAND ARGS..."
     kind, _, number = when.partition(":")
     if kind == "rename":
-        kill_before_rename(int(number), Path(os.path.abspath(out)))
+        kill_before_rename(Path(os.path.abspath(out)), number=int(number))
+    elif kind == "file":
+        kill_before_rename(Path(os.path.abspath(out)), name=number)
     elif kind == "step":
         kill_at_step(int(number))
     from behrt_rope.cli import main as cli
