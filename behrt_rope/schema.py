@@ -210,4 +210,5 @@ MODEL_META_FILE: Final = "model.json"  # model config, vocabulary, labels, task,
 LEGACY_MODEL_FILE: Final = "model.pt"  # a pickle from versions before 0.2: refused, never loaded
 LABEL_VOCAB_FILE: Final = "label_vocab.parquet"
 REPORT_FILE: Final = "report.html"
+ORACLE_FILE: Final = "oracle.parquet"  # synth: true next-visit probabilities at one cut per patient
 PLOTS_DIR: Final = "plots"

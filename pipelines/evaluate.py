@@ -1,4 +1,10 @@
-"""``behrt-rope evaluate``: held-out metrics and report, beside a bag-of-codes logistic regression."""
+"""``behrt-rope evaluate``: held-out metrics and report, beside two reference models and (synthetic) a ceiling.
+
+The references are fitted on the train split's samples of the same task: a bag-of-codes logistic regression
+and gradient boosting on time features (``behrt_rope.evaluation.baseline``). With ``oracle=DIR`` (a
+``behrt-rope synth ... oracle=true`` output) every predictor is also scored on the held-out samples at the
+oracle's cut visits, beside the generator's true probabilities, with the share of the gap closed.
+"""
 
 from __future__ import annotations
 
@@ -16,13 +22,18 @@ from behrt_rope import schema as S
 from behrt_rope.data.labels import Samples, TaskConfig, build_samples, history, label_index, targets
 from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary, ragged_positions
 from behrt_rope.errors import UserError
-from behrt_rope.evaluation.baseline import age_features, bag_of_codes, fit_predict_baseline
+from behrt_rope.etl.config import EtlConfig
+from behrt_rope.evaluation.baseline import age_features, bag_of_codes, fit_predict_baseline, fit_predict_gbm
+from behrt_rope.evaluation.ceiling import ORACLE, gap_closed, oracle_matrix, read_oracle
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
+from behrt_rope.evaluation.time_features import time_features
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.inference import multilabel_model, resolve_device, score
 
 log = logging.getLogger("behrt_rope.evaluate")
+MODEL, LOGISTIC, GBM = "model", "logistic_regression", "gradient_boosting"
+REFERENCE_NAMES = {LOGISTIC: "Bag-of-codes logistic regression", GBM: "Gradient boosting on time features"}
 TASK_TITLES = {
     "next_visit": "Diagnoses recorded at the next visit",
     "6m": "Diagnoses recorded within 6 months",
@@ -51,7 +62,11 @@ class Config:
     baseline_c: float = 1.0
     """Inverse L2 strength of the logistic-regression baseline."""
     baseline_max_train_samples: int = 50_000
-    """Fit the baseline on at most this many train samples (a seeded subsample), to bound its time."""
+    """Fit the reference models on at most this many train samples (a seeded subsample), to bound their time."""
+    gradient_boosting: bool = True
+    """Also fit the gradient-boosted reference on time features (one tree model per label code)."""
+    oracle: str = ""
+    """A `behrt-rope synth ... oracle=true` output directory (or its oracle.parquet): adds the ceiling."""
     notes: str = ""
     """A caveat shown in the report (e.g. 'Synthetic data: ...')."""
     progress: bool = True
@@ -93,10 +108,15 @@ def run(config: Config) -> Path:
             resolve_device(config.device),
             config.progress,
         )
-        base = _baseline(seqs, held, samples, task, label_of_token, config)
+        references = _references(seqs.split(S.TRAIN), held, samples, task, label_of_token, config)
         labels = bundle["labels"]
-        model_eval = evaluate_scores(y, probs, seen, labels, config.n_bootstrap, config.seed)
-        base_eval = evaluate_scores(y, base, seen, labels, config.n_bootstrap, config.seed)
+
+        def evaluation(scores: np.ndarray) -> dict[str, Any]:
+            return evaluate_scores(y, scores, seen, labels, config.n_bootstrap, config.seed)
+
+        model_eval = evaluation(probs)
+        reference_evals = {name: evaluation(scores) for name, scores in references.items()}
+        ceiling = _ceiling(config, held, samples, y, {MODEL: probs, **references}, labels) if config.oracle else None
         pretrain = _pretrain_metrics(bundle)
         write_json(
             out / S.METRICS_FILE,
@@ -104,61 +124,110 @@ def run(config: Config) -> Path:
                 "task": task.name,
                 "held_out_patients": len(np.unique(samples.rows)),
                 "model": model_eval,
-                "baseline": base_eval,
+                "baselines": reference_evals,
+                "ceiling": ceiling,
                 "pretrain": pretrain,
             },
         )
+        primary = GBM if GBM in reference_evals else LOGISTIC
         report = write_evaluation_report(
             out,
             "BEHRT-RoPE",
             TASK_TITLES[task.name],
             model_eval,
-            base_eval,
+            reference_evals[primary],
+            baseline_name=REFERENCE_NAMES[primary],
+            references={REFERENCE_NAMES[name]: value for name, value in reference_evals.items()},
+            ceiling=ceiling,
             n_patients=len(np.unique(samples.rows)),
             pretrain_metrics=pretrain,
             run_info=_run_info(config, bundle, task),
             notes=[config.notes] if config.notes else (),
         )
-        _log_headline(model_eval, base_eval, report)
+        _log_headline(model_eval, reference_evals, ceiling, report)
     return out_dir
 
 
-def _baseline(
-    seqs: Sequences,
+def _train_samples(train: Sequences, task: TaskConfig, config: Config) -> Samples:
+    """The train split's samples of the task, a seeded subsample of at most ``baseline_max_train_samples``."""
+    samples = build_samples(train, task)
+    if len(samples) <= config.baseline_max_train_samples:
+        return samples
+    rng = np.random.default_rng(config.seed)
+    keep = np.sort(rng.choice(len(samples), config.baseline_max_train_samples, replace=False))
+    return Samples(samples.rows[keep], samples.cuts[keep], samples.label_spans[keep], samples.times[keep])
+
+
+def _references(
+    train: Sequences,
     held: Sequences,
     samples: Samples,
     task: TaskConfig,
     label_of_token: np.ndarray,
     config: Config,
-) -> np.ndarray:
-    """Bag-of-codes logistic regression fitted on the train split's samples of the same task."""
-    train = seqs.split(S.TRAIN)
-    train_samples = build_samples(train, task)
-    if len(train_samples) > config.baseline_max_train_samples:
-        keep = np.sort(
-            np.random.default_rng(config.seed).choice(
-                len(train_samples), config.baseline_max_train_samples, replace=False
-            )
-        )
-        train_samples = Samples(
-            train_samples.rows[keep],
-            train_samples.cuts[keep],
-            train_samples.label_spans[keep],
-            train_samples.times[keep],
-        )
-    log.info("evaluate: fitting the logistic-regression baseline on %d train samples", len(train_samples))
+) -> dict[str, np.ndarray]:
+    """(N, L) held-out probabilities of each reference model, fitted on the same train samples."""
+    train_samples = _train_samples(train, task, config)
+    y_train = targets(train, train_samples, label_of_token)
+    log.info("evaluate: fitting the logistic regression on %d train samples", len(train_samples))
     vocab_size = len(label_of_token)
     x_train, age_train = _bag(train, train_samples, vocab_size)
     x_eval, age_eval = _bag(held, samples, vocab_size)
-    return fit_predict_baseline(
-        x_train,
-        targets(train, train_samples, label_of_token),
-        x_eval,
-        C=config.baseline_c,
-        seed=config.seed,
-        extra_train=age_features(age_train),
-        extra_eval=age_features(age_eval),
-    )
+    out = {
+        LOGISTIC: fit_predict_baseline(
+            x_train,
+            y_train,
+            x_eval,
+            C=config.baseline_c,
+            seed=config.seed,
+            extra_train=age_features(age_train),
+            extra_eval=age_features(age_eval),
+        )
+    }
+    if config.gradient_boosting:
+        log.info("evaluate: fitting gradient boosting on time features, %d labels", y_train.shape[1])
+        out[GBM] = fit_predict_gbm(
+            time_features(train, train_samples, label_of_token),
+            y_train,
+            time_features(held, samples, label_of_token),
+            seed=config.seed,
+            progress=config.progress,
+        )
+    return out
+
+
+def _ceiling(
+    config: Config,
+    held: Sequences,
+    samples: Samples,
+    y: np.ndarray,
+    predictions: dict[str, np.ndarray],
+    labels: list[str],
+) -> dict[str, Any]:
+    """Every predictor and the oracle on the held-out samples at the oracle's cuts, and the gap closed."""
+    etl = config_lib.build(EtlConfig, _etl_settings(config.data).get("etl", {}))
+    matched, oracle_probs = oracle_matrix(read_oracle(config.oracle), held, samples, labels, etl)
+    if not len(matched):
+        raise UserError(f"{config.oracle}: no oracle cut matches a held-out sample of {config.data}")
+    evaluations = {
+        name: evaluate_scores(y[matched], scores[matched], None, labels, config.n_bootstrap, config.seed)
+        for name, scores in {**predictions, ORACLE: oracle_probs}.items()
+    }
+    closed = gap_closed(evaluations, LOGISTIC)
+    log.info("evaluate: %d held-out samples at oracle cuts", len(matched))
+    return {
+        "n_samples": len(matched),
+        "n_patients": len(np.unique(samples.rows[matched])),
+        "predictors": {
+            name: {"overall": e["overall"], "gap_closed": closed[name], "bootstrap": e["bootstrap"]}
+            for name, e in evaluations.items()
+        },
+    }
+
+
+def _etl_settings(etl_dir: str) -> dict[str, Any]:
+    path = Path(etl_dir) / S.ETL_SETTINGS_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _bag(seqs: Sequences, samples: Samples, vocab_size: int) -> tuple[sp.csr_matrix, np.ndarray]:
@@ -187,19 +256,28 @@ def _run_info(config: Config, bundle: dict[str, Any], task: TaskConfig) -> dict[
         f"positions {mc.position_encoding}/{mc.position_source}",
         "pre-trained": bundle.get("pretrained") or "no (trained from scratch)",
         "label codes": len(bundle["labels"]),
-        "baseline": f"bag-of-codes log-counts + age, logistic regression (C={config.baseline_c})",
+        "logistic regression": f"bag-of-codes log-counts + age (C={config.baseline_c})",
+        "gradient boosting": "time features per label code (ever, visits with it, visits and days since, "
+        "years since first, in the last visit) + every code ever + age, visits, days since the previous visit"
+        if config.gradient_boosting
+        else "off",
     }
 
 
-def _log_headline(model_eval: dict[str, Any], base_eval: dict[str, Any], report: Path) -> None:
-    m, b = model_eval["overall"], base_eval["overall"]
-    log.info(
-        "evaluate: macro AP %.4f (baseline %.4f), micro AP %.4f (%.4f), macro AUROC %.4f (%.4f)",
-        m["macro_ap"],
-        b["macro_ap"],
-        m["micro_ap"],
-        b["micro_ap"],
-        m["macro_auroc"],
-        b["macro_auroc"],
-    )
+def _log_headline(
+    model_eval: dict[str, Any], references: dict[str, Any], ceiling: dict[str, Any] | None, report: Path
+) -> None:
+    def line(name: str, overall: dict[str, Any]) -> str:
+        return f"{name} macro AP {overall['macro_ap']:.4f}, micro AP {overall['micro_ap']:.4f}, " + (
+            f"macro AUROC {overall['macro_auroc']:.4f}"
+        )
+
+    log.info("evaluate: %s", line("model", model_eval["overall"]))
+    for name, evaluation in references.items():
+        log.info("evaluate: %s", line(name, evaluation["overall"]))
+    if ceiling is not None:
+        for name, entry in ceiling["predictors"].items():
+            share = entry["gap_closed"]["point"]
+            closed = f"{100 * share:.0f}%" if share is not None else "n/a"
+            log.info("evaluate: at oracle cuts, %s; gap closed %s", line(name, entry["overall"]), closed)
     log.info("evaluate: report at %s", report)

@@ -2,7 +2,9 @@
 
 Writes ``patients.<fmt>`` and ``events.<fmt>`` (``fmt`` = ``synth.file_format``, csv or parquet) into
 ``out``, with the resolved ``config.yaml``, ``run.log`` and the ``.done`` marker. The cohort itself is
-described in ``synthetic_data/README.md``.
+described in ``synthetic_data/README.md``. With ``oracle=true`` it also writes ``oracle.parquet``: for one
+random cut visit per patient, the generator's true probability of each code at the next visit (see
+``synthetic_data/oracle.py``), which ``behrt-rope evaluate ... oracle=DIR`` turns into a ceiling.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import pyarrow.parquet as pq
 
 from behrt_rope import atomic
 from behrt_rope.config import ConfigError
-from behrt_rope.schema import EVENTS_TABLE, PATIENTS_TABLE, VISIT_ID
+from behrt_rope.schema import EVENTS_TABLE, ORACLE_FILE, PATIENT_ID, PATIENTS_TABLE, VISIT_ID
 from behrt_rope.stage import is_done, stage
 from synthetic_data.generator import SynthConfig, generate
+from synthetic_data.oracle import oracle_table
 
 log = logging.getLogger("behrt_rope.synth")
 FORMATS = ("csv", "parquet")
@@ -33,6 +36,10 @@ class Config:
     """Output directory; receives patients.<fmt> and events.<fmt>."""
     overwrite: bool = False
     """Regenerate even when the output directory already holds a finished run of this configuration."""
+    oracle: bool = False
+    """Also write oracle.parquet: true next-visit code probabilities at one random cut visit per patient."""
+    oracle_replicas: int = 500
+    """Monte Carlo copies of each patient's next visit behind the oracle (standard error <= 0.5/sqrt(n))."""
     synth: SynthConfig = field(default_factory=SynthConfig)
 
 
@@ -50,6 +57,13 @@ def run(config: Config) -> Path:
         write_table(patients, out_dir / f"{PATIENTS_TABLE}.{fmt}")
         write_table(events, out_dir / f"{EVENTS_TABLE}.{fmt}")
         _remove_other_formats(out_dir, fmt)
+        if config.oracle:
+            oracle = oracle_table(config.synth, config.oracle_replicas)
+            with atomic.atomic_path(out_dir / ORACLE_FILE) as tmp:
+                pq.write_table(pa.Table.from_pandas(oracle, preserve_index=False), tmp)
+            log.info("synth: oracle for %d cut visits -> %s", oracle[PATIENT_ID].nunique(), ORACLE_FILE)
+        else:
+            (out_dir / ORACLE_FILE).unlink(missing_ok=True)
         log.info(
             "synth: %d patients, %d events, %d visits -> %s (%s)",
             len(patients),

@@ -492,9 +492,10 @@ class _Simulation:
             self.onset[idx[rows], cols] = np.minimum(when, self.start - 1)
 
     # --- the observation window ---------------------------------------------------------------------------
-    def run_visits(self) -> None:
+    def run_visits(self, after_visit: Callable[[int, np.ndarray], None] | None = None) -> None:
         """Advance every observed patient to their next visit until all have died, left the window or hit
-        ``max_visits``."""
+        ``max_visits``. ``after_visit(visit, patients)``, when given, sees the state right after each round
+        of regular visits (used by ``synthetic_data.oracle`` to capture states)."""
         for visit in range(self.cfg.max_visits):
             idx = np.flatnonzero(self.active)
             if idx.size == 0:
@@ -507,6 +508,8 @@ class _Simulation:
             idx, gap, day = idx[inside], gap[inside], day[inside]
             self.visit(idx, gap, day, visit)
             self.t_prev[idx] = day
+            if after_visit is not None:
+                after_visit(visit, idx)
 
     def next_gap(self, idx: np.ndarray, first: bool) -> np.ndarray:
         """Days from the previous visit (or the window start) to the next one."""

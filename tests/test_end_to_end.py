@@ -52,14 +52,18 @@ def visits_run(tmp_path_factory):
 def test_evaluate_writes_metrics_and_a_readable_report(visits_run):
     _, d = visits_run
     metrics = read_metrics(d["eval"])
-    for side in ("model", "baseline"):
-        overall = metrics[side]["overall"]
+    sides = [metrics["model"], *metrics["baselines"].values()]
+    assert set(metrics["baselines"]) == {"logistic_regression", "gradient_boosting"}
+    for side in sides:
+        overall = side["overall"]
         assert 0.0 <= overall["macro_ap"] <= 1.0 and 0.0 <= overall["micro_auroc"] <= 1.0
-        assert metrics[side]["new_onset"] is not None
+        assert side["new_onset"] is not None
+    assert metrics["ceiling"] is None  # no oracle given
     assert metrics["pretrain"]["mlm_loss"] > 0
     html = (d["eval"] / S.REPORT_FILE).read_text()
     assert "data:image/png;base64," in html and 'src="http' not in html
     assert "Bag-of-codes logistic regression" in html and "New-onset metrics" in html
+    assert "Gradient boosting on time features" in html and "Against the reference models" in html
     assert f"{metrics['model']['overall']['macro_ap']:.3f}" in html  # the headline number is the one computed
     assert (d["eval"] / S.PLOTS_DIR).is_dir()
 
@@ -157,3 +161,46 @@ def test_real_samples_run_through_every_stage(tmp_path, sample, fmt, overrides):
     _run("predict", "--model", str(d["ft"]), "--input", str(raw), "--out", str(out), "progress=false")
     pred = pd.read_parquet(out)
     assert pred[S.PATIENT_ID].nunique() == manifest["patients"]["with_tokens"]
+
+
+@pytest.fixture(scope="module")
+def oracle_run(tmp_path_factory):
+    """A cohort with its oracle, ETL at full codes, a tiny model from scratch, evaluated against the oracle."""
+    root = tmp_path_factory.mktemp("e2e_oracle")
+    cohort, etl, ft, ev = (root / name for name in ("cohort", "etl", "ft", "eval"))
+    _run("synth", "--out", str(cohort), "--patients", "400", "--seed", "5", "oracle=true", "oracle_replicas=50")
+    _run("etl", "--input", str(cohort), "--out", str(etl), "progress=false")
+    _run("finetune", "--data", str(etl), "--out", str(ft), *TINY_MODEL, *FINETUNE_FAST)
+    _run("evaluate", "--model", str(ft), "--data", str(etl), "--out", str(ev), f"oracle={cohort}", "n_bootstrap=20")
+    return cohort, ev
+
+
+@pytest.mark.slow
+def test_evaluate_against_the_oracle(oracle_run):
+    cohort, ev = oracle_run
+    ceiling = read_metrics(ev)["ceiling"]
+    predictors = ceiling["predictors"]
+    assert set(predictors) == {"model", "logistic_regression", "gradient_boosting", "oracle"}
+    assert 0 < ceiling["n_samples"] == ceiling["n_patients"]  # one cut per held-out patient
+    oracle_ap = predictors["oracle"]["overall"]["macro_ap"]
+    lr_ap = predictors["logistic_regression"]["overall"]["macro_ap"]
+    assert oracle_ap > lr_ap  # the true probabilities rank better than a regression on 320 patients
+    assert predictors["logistic_regression"]["gap_closed"]["point"] == pytest.approx(0.0)
+    assert predictors["oracle"]["gap_closed"]["point"] == pytest.approx(1.0)
+    model = predictors["model"]
+    expected = (model["overall"]["macro_ap"] - lr_ap) / (oracle_ap - lr_ap)
+    assert model["gap_closed"]["point"] == pytest.approx(expected)
+    html = (ev / S.REPORT_FILE).read_text()
+    assert "Against the ceiling (synthetic data)" in html and "Oracle (true probabilities)" in html
+
+
+@pytest.mark.slow
+def test_oracle_refused_when_the_etl_merges_its_codes(oracle_run, visits_run, capsys):
+    """Cut to 3 characters, two catalogue codes of E11 become one token: the oracle has no probability for
+    "either", so evaluation stops with the reason rather than report a false ceiling."""
+    cohort, _ = oracle_run
+    root, d = visits_run
+    argv = ["evaluate", "--model", str(d["ft"]), "--data", str(d["etl"]), "--out", str(root / "ev_oracle")]
+    assert main([*argv, f"oracle={cohort}", "n_bootstrap=5", "gradient_boosting=false"]) != 0
+    assert "become one token" in capsys.readouterr().err
+    assert not (root / "ev_oracle" / S.DONE_MARKER).exists()

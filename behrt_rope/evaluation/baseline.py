@@ -1,22 +1,30 @@
-"""The reference model every report compares against: bag-of-codes logistic regression.
+"""The reference models every report compares against.
 
-Each sample's input history becomes a sparse row of code indicators (or counts) over the token
-vocabulary, optionally with a few dense columns (age at prediction time, ...), and one L2-regularised
-logistic regression per label code turns it into a probability. It ignores order and timing, so the
-transformer earns its keep only by beating it.
+* Bag-of-codes logistic regression: each sample's input history becomes a sparse row of code indicators (or
+  counts) over the token vocabulary, optionally with a few dense columns (age at prediction time, ...), and
+  one L2-regularised logistic regression per label code turns it into a probability. It ignores order and
+  timing.
+* Gradient boosting on time features (``behrt_rope.evaluation.time_features``): per label code, how often,
+  how recently and for how long it has been recorded, plus age and visit timing; one histogram
+  gradient-boosted tree model per label. This is the strong cheap baseline: the transformer earns its cost
+  only by beating it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 from joblib import Parallel, delayed
+from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
+from tqdm.auto import tqdm
 
 from behrt_rope import schema
+from behrt_rope.evaluation.time_features import TimeFeatures
 
 
 def flatten_token_lists(token_ids: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -121,3 +129,72 @@ def fit_predict_baseline(
         )
         out[:, varying] = np.column_stack(columns)
     return out
+
+
+def _fit_gbm_one(X: np.ndarray, y: np.ndarray, X_eval: np.ndarray, params: Mapping[str, Any], seed: int) -> np.ndarray:
+    informative = _informative_columns(X)
+    model = HistGradientBoostingClassifier(**params, random_state=seed)
+    model.fit(X[:, informative], y)
+    return np.asarray(model.predict_proba(X_eval[:, informative])[:, 1])
+
+
+GBM_PARAMS: dict[str, Any] = {
+    "learning_rate": 0.2,
+    "max_iter": 100,
+    "max_leaf_nodes": 15,
+    "min_samples_leaf": 40,
+    "l2_regularization": 1.0,
+    "max_bins": 32,
+    "early_stopping": True,
+    "validation_fraction": 0.15,
+    "n_iter_no_change": 10,
+    "scoring": "loss",
+}
+"""Defaults of the gradient-boosted reference: shallow trees, early stopping on a held-back 15% of the train
+rows by log-loss (the number of trees is tuned per label on train data only). On a 44,000-sample, 92-label
+synthetic training set this fits all labels in about 75 CPU-seconds."""
+
+
+def fit_predict_gbm(
+    train: TimeFeatures,
+    Y_train: np.ndarray,
+    evaluate: TimeFeatures,
+    seed: int = 0,
+    params: Mapping[str, Any] | None = None,
+    progress: bool = False,
+) -> np.ndarray:
+    """One sklearn ``HistGradientBoostingClassifier`` per label on that label's time features
+    (``TimeFeatures.for_label``; NaN means "never recorded") and (N_train, L) 0/1 labels; returns
+    (N_eval, L) probabilities.
+
+    A label constant in training gets its training rate, as in :func:`fit_predict_baseline`. Trees use the
+    machine's cores through OpenMP, so labels are fitted one after another.
+    """
+    Y = np.asarray(Y_train)
+    if Y.ndim != 2 or Y.shape[0] != len(train):
+        raise ValueError(f"Y_train must be (N_train, L) with N_train = {len(train)}, got {Y.shape}")
+    settings = {**GBM_PARAMS, **(params or {})}
+    rate = Y.mean(axis=0) if Y.shape[0] else np.zeros(Y.shape[1])
+    out = np.tile(rate, (len(evaluate), 1)).astype(float)
+    varying = np.flatnonzero((rate > 0) & (rate < 1) & (Y.sum(axis=0) >= 2))
+    if not len(evaluate):
+        return out
+    for j in tqdm(varying, desc="gradient boosting", unit="label", disable=not progress, leave=False):
+        out[:, j] = _fit_gbm_one(train.for_label(j), Y[:, j].astype(int), evaluate.for_label(j), settings, seed)
+    return out
+
+
+def _informative_columns(X: np.ndarray) -> np.ndarray:
+    """Indices of the columns of ``X`` (N, F) with at least two distinct non-NaN values.
+
+    A column that is all NaN in training (e.g. "days since a code was last recorded" for a code that only
+    ever ends a history) carries nothing, and sklearn's binning rejects it.
+
+    >>> _informative_columns(np.array([[1.0, np.nan, 3.0], [2.0, np.nan, 3.0]])).tolist()
+    [0]
+    """
+    low, high = (
+        np.nanmin(np.where(np.isnan(X), np.inf, X), axis=0),
+        np.nanmax(np.where(np.isnan(X), -np.inf, X), axis=0),
+    )
+    return np.flatnonzero(high > low)

@@ -177,6 +177,8 @@ def write_evaluation_report(
     notes: Sequence[str] = (),
     code_descriptions: Mapping[str, str] | None = None,
     baseline_name: str = BASELINE_NAME,
+    references: Mapping[str, Mapping[str, Any]] | None = None,
+    ceiling: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``out_dir/report.html`` (self-contained) and ``out_dir/plots/*.png``; returns the html path.
 
@@ -194,5 +196,7 @@ def write_evaluation_report(
         run_info=dict(run_info or {}),
         notes=tuple(notes),
         code_descriptions=code_descriptions,
+        references=dict(references or {}),
+        ceiling=ceiling,
     )
     return write_report(out_dir, model_name, inputs)

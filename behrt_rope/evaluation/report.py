@@ -1,4 +1,4 @@
-"""A self-contained HTML report comparing a model with the bag-of-codes baseline.
+"""A self-contained HTML report comparing a model with reference models (and, on synthetic data, a ceiling).
 
 ``write_report`` draws the figures (saved under ``out_dir/plots/`` and embedded in the page as base64
 PNGs) and writes ``out_dir/report.html``: one file with inline CSS, no scripts, no external links, that a
@@ -6,8 +6,9 @@ clinician or reviewer can open anywhere. Every piece of text is HTML-escaped.
 
 Its input is a ``ReportInputs``: the task name, the ``evaluate_scores`` dicts of the model and of the
 baseline (each holds the overall and new-onset metrics with intervals, the per-code table, precision and
-recall at k, calibration summaries and the curves the figures need), plus optional pre-training metrics,
-run information and notes (caveats such as a synthetic-data warning).
+recall at k, calibration summaries and the curves the figures need), plus optional further reference
+models, the oracle comparison, pre-training metrics, run information and notes (caveats such as a
+synthetic-data warning). The detailed sections set the model beside one baseline, the strongest reference.
 """
 
 from __future__ import annotations
@@ -118,6 +119,9 @@ class ReportInputs:
     is a flat dict of masked-language-model results (e.g. loss, accuracy), ``run_info`` a flat dict shown
     as a table (data paths, sizes, settings), ``notes`` lines shown first under Caveats (e.g. the
     synthetic-data warning), ``code_descriptions`` maps a code to its human-readable name.
+    ``references`` maps the name of every reference model (the baseline included) to its evaluation on the
+    same samples; ``ceiling`` is ``pipelines.evaluate``'s oracle comparison (``n_samples``, ``n_patients``,
+    ``predictors``: name -> ``overall`` and ``gap_closed``), or None.
     """
 
     task: str
@@ -129,6 +133,8 @@ class ReportInputs:
     run_info: Mapping[str, Any] = field(default_factory=dict)
     notes: Sequence[str] = ()
     code_descriptions: Mapping[str, str] | None = None
+    references: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    ceiling: Mapping[str, Any] | None = None
     top_codes: int = 30
     plot_codes: int = 20
 
@@ -272,6 +278,63 @@ def _headline(inputs: ReportInputs, model_name: str) -> str:
     )
     items = "".join(f"<li>{_e(f)}</li>" for f in facts)
     return f'<div class="headline"><ul>{items}</ul>{table}</div>'
+
+
+REFERENCE_METRICS = ("macro_ap", "micro_ap", "macro_auroc")
+
+
+def _references_section(inputs: ReportInputs, model_name: str) -> str:
+    """Model and every reference model side by side, with the model's paired difference to each."""
+    if not inputs.references:
+        return ""
+    headers = ["Predictor"] + [f"{METRIC_LABELS[k]} (95% CI)" for k in REFERENCE_METRICS]
+    headers.append(f"{model_name} minus this, macro AP (paired 95% CI)")
+    rows = [[model_name] + [_overall_ci(inputs.model, k) for k in REFERENCE_METRICS] + ["–"]]
+    for name, evaluation in inputs.references.items():
+        diff = _diff_text(paired_difference(inputs.model, evaluation, "macro_ap"))
+        rows.append([name] + [_overall_ci(evaluation, k) for k in REFERENCE_METRICS] + [diff])
+    intro = (
+        "Does the transformer earn its cost? Each reference model is fitted on the same training samples: "
+        "a logistic regression on which codes a patient has had (and age), and gradient-boosted trees on "
+        "hand-made time features (how often, how recently and for how long each code was recorded). A "
+        "positive difference whose interval excludes 0 means the model ranks better on this test set."
+    )
+    return _section("Against the reference models", _p(intro), _table(headers, rows)) + _ceiling_section(
+        inputs, model_name
+    )
+
+
+def _overall_ci(evaluation: Mapping[str, Any], key: str) -> str:
+    overall = evaluation.get("overall") or {}
+    return fmt_ci(overall.get(key), (overall.get("ci") or {}).get(key))
+
+
+def _ceiling_section(inputs: ReportInputs, model_name: str) -> str:
+    ceiling = inputs.ceiling
+    if not ceiling:
+        return ""
+    names = {"model": model_name, "oracle": "Oracle (true probabilities)"}
+    names.update({"logistic_regression": "Bag-of-codes logistic regression"})
+    names.update({"gradient_boosting": "Gradient boosting on time features"})
+    rows = []
+    for key, entry in ceiling["predictors"].items():
+        gap = entry.get("gap_closed") or {}
+        share = gap.get("point")
+        low, high = (gap.get("ci") or [None, None])[:2]
+        closed = "–" if share is None else f"{100 * share:.0f}%"
+        if share is not None and _is_num(low) and _is_num(high):
+            closed += f" ({100 * low:.0f}% to {100 * high:.0f}%)"
+        rows.append([names.get(key, key)] + [_overall_ci(entry, k) for k in REFERENCE_METRICS] + [closed])
+    headers = ["Predictor"] + [f"{METRIC_LABELS[k]} (95% CI)" for k in REFERENCE_METRICS]
+    headers.append("Gap closed, logistic regression to oracle (95% CI)")
+    intro = (
+        f"On synthetic data the generator knows each patient's true risk. At one random visit per held-out "
+        f"patient ({fmt(ceiling.get('n_samples'))} samples from {fmt(ceiling.get('n_patients'))} patients) "
+        "the oracle gives the true probability of each code at the next visit, the best any predictor can "
+        "do. The last column is how much of the distance from the logistic regression (0%) to the oracle "
+        "(100%) a predictor covers on macro AP."
+    )
+    return _section("Against the ceiling (synthetic data)", _p(intro), _table(headers, rows))
 
 
 HOW_TO_READ = (
@@ -514,6 +577,7 @@ def render_html(inputs: ReportInputs, model_name: str, figures: Mapping[str, str
         f"<h1>{_e(f'Diagnosis prediction report: {model_name}')}</h1>",
         _p(inputs.task, "muted"),
         _headline(inputs, model_name),
+        _references_section(inputs, model_name),
         _section("How to read this report", _p(HOW_TO_READ)),
         _section("Ranking quality (all predictions pooled)", figures.get("pr", ""), figures.get("roc", "")),
         _metrics_section(inputs, model_name, "overall", "Overall metrics", overall_intro),

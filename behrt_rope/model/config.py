@@ -38,14 +38,32 @@ class ModelConfig:
     """RoPE frequency base: theta_i = base^(-2(i-1)/d)."""
     rope_age_scale: float = 1.0
     """With position_source=age, position = age in years times this (e.g. 12 for months)."""
+    age_heads: int = 0
+    """Attention heads (the last ones of each layer) whose RoPE position is the age in days, while the others
+    use position_source: one layer then sees both visits-since and days-since. 0: every head uses
+    position_source."""
     max_positions: int = 512
     """Size of the sinusoidal table for position_encoding=absolute."""
     layer_norm_eps: float = 1e-12
+    label_attention_heads: int = 4
+    """Fine-tuning head (visit pooling): heads of the per-label attention over the history, in which each
+    label has its own query; half rotate by visit index, half by age in days (0: no label attention).
+    Head settings apply at finetune even with --pretrained (pre-training has no such head)."""
+    wide: bool = True
+    """Fine-tuning head (visit pooling): add the wide linear path over log(1 + count) of each code seen."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} must be divisible by num_heads {self.num_heads}")
         if (self.hidden_size // self.num_heads) % 2:
             raise ValueError("the head size (hidden_size / num_heads) must be even for rotary embedding")
+        if not 0 <= self.age_heads <= self.num_heads:
+            raise ValueError(f"age_heads must lie in [0, num_heads={self.num_heads}], got {self.age_heads}")
+        if self.label_attention_heads < 0:
+            raise ValueError(f"label_attention_heads must be >= 0, got {self.label_attention_heads}")
         if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attention_dropout < 1.0:
             raise ValueError("dropout and attention_dropout must lie in [0, 1)")
+
+
+HEAD_FIELDS = ("label_attention_heads", "wide")
+"""ModelConfig fields of the fine-tuning head; the encoder's other fields come with a pre-trained encoder."""

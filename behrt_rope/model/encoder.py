@@ -15,9 +15,10 @@ from torch import nn
 from behrt_rope.model.attention import SelfAttention, key_padding_mask, visit_causal_mask
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.embeddings import BehrtEmbeddings
-from behrt_rope.model.rope import rope_angles
+from behrt_rope.model.rope import per_head_angles, rope_angles
 from behrt_rope.schema import PAD_ID
 
+DAYS_PER_YEAR = 365.25
 INIT_STD = 0.02
 """Standard deviation of the normal initialisation of linear and embedding weights, as in BERT."""
 
@@ -44,6 +45,28 @@ def positions_for(config: ModelConfig, visit_index: torch.Tensor, ages: torch.Te
     if config.position_source == "age":
         return ages.float() * config.rope_age_scale  # (B, T)
     raise ValueError(f"unknown position_source {config.position_source!r}")
+
+
+def rope_tables(
+    config: ModelConfig,
+    positions: torch.Tensor,
+    ages: torch.Tensor,
+    num_heads: int,
+    age_heads: int,
+    head_dim: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for ``num_heads`` heads of size ``head_dim`` (default ``hidden_size / num_heads``):
+    ``(B, T, d/2)`` shared when every head rotates by ``positions``, else ``(B, num_heads, T, d/2)`` with the
+    last ``age_heads`` heads rotating by the age in days.
+
+    Age in days gives angles ``days * theta_i``: with the default base the periods run from about 6 days to
+    about a century, so a head can weigh a code by how long ago it was recorded, at any time scale.
+    """
+    head_dim = head_dim or config.hidden_size // num_heads
+    if age_heads == 0:
+        return rope_angles(positions, head_dim, config.rope_base)
+    days = ages.float() * DAYS_PER_YEAR  # (B, T)
+    return per_head_angles([(positions, num_heads - age_heads), (days, age_heads)], head_dim, config.rope_base)
 
 
 class FeedForward(nn.Module):
@@ -80,7 +103,7 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         """``x`` ``(B, T, H)`` -> ``(B, T, H)``.
 
-        ``cos``/``sin``: ``(B, T, d/2)`` or None; ``attn_mask``: ``(B, 1, 1, T)`` or None.
+        ``cos``/``sin``: ``(B, T, d/2)`` or ``(B, nh, T, d/2)`` or None; ``attn_mask``: ``(B, 1, 1, T)`` or None.
         """
         x = x + self.attn(self.ln1(x), cos, sin, attn_mask)
         return x + self.mlp(self.ln2(x))
@@ -147,8 +170,8 @@ class BehrtEncoder(nn.Module):
         x = self.embeddings(token_ids, ages, segments, positions)  # (B, T, H)
         cos = sin = None
         if self.config.position_encoding == "rope":
-            # One pair of tables per forward, shared by every block and head.
-            cos, sin = rope_angles(positions, self.head_dim, self.config.rope_base)  # 2 x (B, T, d/2)
+            # One pair of tables per forward, shared by every block.
+            cos, sin = rope_tables(self.config, positions, ages, self.config.num_heads, self.config.age_heads)
         attn_mask = (
             visit_causal_mask(visit_index, attention_mask)  # (B, 1, T, T)
             if visit_causal

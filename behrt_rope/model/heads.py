@@ -11,8 +11,9 @@ from torch.nn import functional as F
 
 from behrt_rope.model.attention import visit_causal_mask
 from behrt_rope.model.config import ModelConfig
-from behrt_rope.model.encoder import BehrtEncoder, init_weights
-from behrt_rope.schema import N_SPECIAL, PAD_ID
+from behrt_rope.model.encoder import BehrtEncoder, init_weights, positions_for
+from behrt_rope.model.label_attention import LabelAttention
+from behrt_rope.schema import N_SPECIAL, PAD_ID, SEP_ID
 
 IGNORE_INDEX = -100
 """Label of the tokens that the MLM loss skips (PyTorch's ``cross_entropy`` default)."""
@@ -109,7 +110,9 @@ class BehrtForMultiLabel(nn.Module):
       Time2Vec features of the age at that visit; a *wide* linear path (Cheng et al., 2016, "Wide & Deep")
       adds a logit from log(1 + count) of every code seen so far. That path starts at zero and gives the
       model directly what a bag-of-codes regression sees, so the transformer spends its capacity on order
-      and timing instead of re-learning which codes were present.
+      and timing instead of re-learning which codes were present (``config.wide``). A label-wise attention
+      over the history (``config.label_attention_heads``, see ``label_attention.py``) adds one more logit per
+      label, from the tokens that label's query picks out, weighed by how many visits and days ago they were.
     * ``"cls"``: the ``[CLS]`` state (position 0) of a bidirectional pass over the input (one prediction
       time per sequence, the input cut at it), as BEHRT did.
     * ``"mean"``: the mean of the real tokens' states of a bidirectional pass.
@@ -132,9 +135,13 @@ class BehrtForMultiLabel(nn.Module):
         pooled_size = 2 * config.hidden_size + config.time2vec_periodic + 1 if visit else config.hidden_size
         self.classifier = nn.Linear(pooled_size, num_labels)
         self.classifier.apply(init_weights)
-        self.wide = nn.Linear(config.vocab_size, num_labels, bias=False) if visit else None
+        self.wide = nn.Linear(config.vocab_size, num_labels, bias=False) if visit and config.wide else None
         if self.wide is not None:
             nn.init.zeros_(self.wide.weight)
+        use_label_attention = visit and config.label_attention_heads > 0
+        self.label_attention = LabelAttention(config, num_labels) if use_label_attention else None
+        if self.label_attention is not None:
+            self.label_attention.key.apply(init_weights)
 
     def pool(
         self,
@@ -151,14 +158,20 @@ class BehrtForMultiLabel(nn.Module):
             if score_at is None:
                 raise ValueError("visit pooling needs score_at: the [SEP] positions to score")
             seen = visit_causal_mask(visit_index, attention_mask)[:, 0].to(hidden.dtype)  # (B, T, T)
-            history_mean = (seen @ hidden) / seen.sum(-1, keepdim=True).clamp(min=1.0)  # (B, T, H)
-            age = self.encoder.embeddings.age.features(ages[score_at]).to(hidden.dtype)  # (N, k + 1)
-            return torch.cat([hidden[score_at], history_mean[score_at], age], dim=-1)  # (N, 2H + k + 1)
+            return self._visit_features(hidden, seen, ages, score_at)
         if self.pooling == "cls":
             return hidden[:, 0]  # (B, H)
         weights = attention_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
         total = (hidden * weights).sum(dim=1)  # (B, H)
         return total / weights.sum(dim=1).clamp(min=1.0)  # (B, H); an all-padding row pools to 0
+
+    def _visit_features(
+        self, hidden: torch.Tensor, seen: torch.Tensor, ages: torch.Tensor, score_at: torch.Tensor
+    ) -> torch.Tensor:
+        """``(N, 2H + k + 1)``: the [SEP] state, the mean state of the history and Time2Vec of the age."""
+        history_mean = (seen @ hidden) / seen.sum(-1, keepdim=True).clamp(min=1.0)  # (B, T, H)
+        age = self.encoder.embeddings.age.features(ages[score_at]).to(hidden.dtype)  # (N, k + 1)
+        return torch.cat([hidden[score_at], history_mean[score_at], age], dim=-1)  # (N, 2H + k + 1)
 
     def forward(
         self,
@@ -173,10 +186,20 @@ class BehrtForMultiLabel(nn.Module):
         or ``(N, num_labels)`` at the ``score_at`` positions with ``"visit"`` pooling."""
         if attention_mask is None:
             attention_mask = token_ids != PAD_ID
-        visit_causal = self.pooling == "visit"
-        hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, visit_causal)  # (B, T, H)
-        logits = self.classifier(self.drop(self.pool(hidden, attention_mask, visit_index, ages, score_at)))
-        if self.wide is not None and score_at is not None:
+        if self.pooling != "visit":
+            hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask)  # (B, T, H)
+            return self.classifier(self.drop(self.pool(hidden, attention_mask, visit_index, ages)))
+        if score_at is None:
+            raise ValueError("visit pooling needs score_at: the [SEP] positions to score")
+        hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, visit_causal=True)
+        seen = visit_causal_mask(visit_index, attention_mask)[:, 0]  # (B, T, T) bool
+        features = self._visit_features(hidden, seen.to(hidden.dtype), ages, score_at)  # (N, 2H + k + 1)
+        logits = self.classifier(self.drop(features))  # (N, L)
+        if self.label_attention is not None:
+            positions = positions_for(self.config, visit_index, ages)  # (B, T)
+            visit_end = token_ids == SEP_ID  # (B, T)
+            logits = logits + self.label_attention(self.drop(hidden), visit_end, positions, ages, score_at)
+        if self.wide is not None:
             counts = history_code_counts(token_ids, score_at, self.config.vocab_size)  # (N, V)
             logits = logits + self.wide(torch.log1p(counts).to(logits.dtype))  # (N, L)
         return logits

@@ -73,22 +73,59 @@ def rope_angles(positions: torch.Tensor, head_dim: int, base: float = 10000.0) -
         return angles.cos().float(), angles.sin().float()
 
 
+def per_head_angles(
+    sources: list[tuple[torch.Tensor, int]], head_dim: int, base: float = 10000.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE tables where groups of heads take their positions from different sources.
+
+    Args:
+        sources: ``[(positions, n_heads), ...]``: heads are assigned in order, ``n_heads`` of them rotating by
+            each ``(B, T)`` positions tensor (e.g. visit index for the first heads, age in days for the rest).
+        head_dim, base: as :func:`rope_angles`.
+
+    Returns:
+        ``(cos, sin)``, each ``(B, n_heads_total, T, d/2)`` float32, for :func:`apply_rope`.
+
+    >>> v, a = torch.tensor([[0.0, 1.0]]), torch.tensor([[0.0, 30.0]])
+    >>> cos, sin = per_head_angles([(v, 1), (a, 2)], head_dim=2)
+    >>> cos.shape, [round(x, 3) for x in cos[0, :, 1, 0].tolist()]
+    (torch.Size([1, 3, 2, 1]), [0.54, 0.154, 0.154])
+    """
+    tables = [(*rope_angles(positions, head_dim, base), n) for positions, n in sources if n > 0]
+    cos = torch.cat([c[:, None].expand(-1, n, -1, -1) for c, _, n in tables], dim=1)  # (B, nh, T, d/2)
+    sin = torch.cat([s[:, None].expand(-1, n, -1, -1) for _, s, n in tables], dim=1)  # (B, nh, T, d/2)
+    return cos, sin
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each interleaved pair ``(x[2i], x[2i+1])`` of ``x`` by its angle.
 
     Args:
         x: ``(B, H, T, d)`` queries or keys.
-        cos, sin: ``(B, T, d/2)`` tables from :func:`rope_angles`, shared by all heads.
+        cos, sin: ``(B, T, d/2)`` tables from :func:`rope_angles`, shared by all heads, or ``(B, H, T, d/2)``
+            tables from :func:`per_head_angles`, one per head.
 
     Returns:
         ``(B, H, T, d)`` in ``x``'s dtype. Per pair: ``(x0 cos - x1 sin, x1 cos + x0 sin)``, i.e. the paper's
         eq. 34 ``x * cos + rotate_pairs(x) * sin`` without materialising the repeated tables.
     """
-    cos = cos[:, None].to(x.dtype)  # (B, 1, T, d/2): broadcast over heads; cast only now
-    sin = sin[:, None].to(x.dtype)  # (B, 1, T, d/2)
-    x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)  # 2 x (B, H, T, d/2): even and odd members of each pair
-    rotated = torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)  # (B, H, T, d/2, 2)
-    return rotated.flatten(-2)  # (B, H, T, d)
+    if cos.dim() == 3:  # shared by all heads: broadcast
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d/2)
+    return rotate(x, cos, sin)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the interleaved pairs of ``x`` ``(..., d)`` by tables ``(..., d/2)`` that broadcast against it.
+
+    Per pair: ``(x0 cos - x1 sin, x1 cos + x0 sin)``, i.e. the paper's eq. 34 ``x * cos + rotate_pairs(x) *
+    sin`` without materialising the repeated tables. The tables are cast to ``x``'s dtype only here.
+
+    >>> rotate(torch.tensor([1.0, 0.0]), torch.tensor([0.0]), torch.tensor([1.0])).tolist()  # a quarter turn
+    [0.0, 1.0]
+    """
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)  # 2 x (..., d/2): even and odd members of each pair
+    return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).flatten(-2)  # (..., d)
 
 
 def rotate_pairs(x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,113 @@
+"""The ceiling on synthetic data: the generator's true next-visit probabilities, and how far a model gets.
+
+``behrt-rope synth synth.oracle=true`` writes ``oracle.parquet``: for one cut visit per patient, the true
+probability of each code at the next visit (see ``synthetic_data/oracle.py``). Evaluation matches those
+cuts to the held-out samples, scores every predictor on exactly those samples, and reports the share of the
+gap between the logistic regression and the oracle that each predictor closes on macro AP::
+
+    gap closed = (AP(predictor) - AP(logistic regression)) / (AP(oracle) - AP(logistic regression))
+
+with a paired bootstrap interval (every predictor's replicate ``b`` resamples the same samples).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from behrt_rope import schema as S
+from behrt_rope.data.labels import Samples
+from behrt_rope.data.sequences import Sequences
+from behrt_rope.errors import UserError
+from behrt_rope.etl.codes import tokens_of
+from behrt_rope.etl.config import EtlConfig
+from behrt_rope.evaluation.metrics import CI_LEVEL, percentile_interval
+
+ORACLE = "oracle"
+ORACLE_COLUMNS = (S.PATIENT_ID, S.PREDICTION_TIME, S.CODE, S.PROBABILITY)
+
+
+def read_oracle(path: str | Path) -> pd.DataFrame:
+    """The oracle table, checked: ``patient_id`` (str), ``prediction_time`` (date), ``code``, ``probability``."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / S.ORACLE_FILE
+    if not file.exists():
+        raise UserError(f"{file}: no oracle file (write one with `behrt-rope synth ... synth.oracle=true`)")
+    frame = pq.read_table(file).to_pandas()
+    missing = [c for c in ORACLE_COLUMNS if c not in frame.columns]
+    if missing:
+        raise UserError(f"{file}: oracle table lacks column(s) {missing}; it has {list(frame.columns)}")
+    frame[S.PATIENT_ID] = frame[S.PATIENT_ID].astype(str)
+    frame[S.PREDICTION_TIME] = pd.to_datetime(frame[S.PREDICTION_TIME]).dt.normalize()
+    bad = ~frame[S.PROBABILITY].between(0.0, 1.0)
+    if bad.any():
+        raise UserError(f"{file}: probability outside [0, 1], e.g. row {frame[bad].iloc[0].to_dict()}")
+    return frame
+
+
+def oracle_matrix(
+    oracle: pd.DataFrame, seqs: Sequences, samples: Samples, labels: Sequence[str], etl: EtlConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """Match oracle cuts to samples: ``(sample indices (K,), probabilities (K, L))``.
+
+    A sample matches when its patient and prediction day equal a cut's. Oracle codes are turned into tokens
+    with the ETL's own code normalisation (``etl``), so they name the label columns; a label the oracle
+    does not list has probability 0. Raises when two oracle codes become one token (e.g. under
+    ``code_truncate``): the probability of "either" is not the sum, so no honest ceiling exists there.
+    """
+    codes = oracle[S.CODE].astype(str).to_numpy(dtype=object)
+    tokens = tokens_of(codes, np.full(len(codes), "", dtype=object), etl)
+    distinct = pd.DataFrame({"code": codes, "token": tokens}).drop_duplicates()
+    clashes = distinct[distinct["token"].duplicated(keep=False)]
+    if len(clashes):
+        raise UserError(
+            f"oracle codes {sorted(clashes['code'])[:4]} become one token under this ETL's code settings; "
+            "evaluate against the oracle on an ETL without code_truncate"
+        )
+    column = {code: j for j, code in enumerate(labels)}
+    patient_ids = seqs.patients[S.PATIENT_ID].astype(str).to_numpy()
+    keys = pd.DataFrame(
+        {
+            S.PATIENT_ID: patient_ids[samples.rows],
+            S.PREDICTION_TIME: pd.to_datetime(samples.times.astype("datetime64[D]")),
+            "sample": np.arange(len(samples)),
+        }
+    ).drop_duplicates([S.PATIENT_ID, S.PREDICTION_TIME])
+    rows = oracle.assign(label=[column.get(t, -1) for t in tokens]).merge(keys, on=[S.PATIENT_ID, S.PREDICTION_TIME])
+    matched = np.unique(rows["sample"].to_numpy())
+    probs = np.zeros((len(matched), len(labels)))
+    rows = rows[rows["label"] >= 0]
+    probs[np.searchsorted(matched, rows["sample"].to_numpy()), rows["label"].to_numpy()] = rows[S.PROBABILITY]
+    return matched, probs
+
+
+def gap_closed(evaluations: Mapping[str, Mapping[str, Any]], low: str, metric: str = "macro_ap") -> dict[str, Any]:
+    """Per predictor, the share of the ``low`` -> oracle gap on ``metric`` it closes, with a paired interval.
+
+    ``evaluations`` maps predictor names (``low`` and :data:`ORACLE` among them) to ``evaluate_scores``
+    results on the same samples with the same bootstrap draws. Returns ``{name: {"point", "ci"}}``; the
+    point is None when the oracle is no better than ``low`` (no gap to close).
+    """
+
+    def value(name: str) -> float:
+        return float(evaluations[name]["overall"][metric])
+
+    def replicates(name: str) -> np.ndarray:
+        return np.asarray(evaluations[name]["bootstrap"]["overall"][metric], dtype=float)
+
+    gap = value(ORACLE) - value(low)
+    gaps = replicates(ORACLE) - replicates(low)
+    out: dict[str, Any] = {}
+    for name in evaluations:
+        if gap <= 0:
+            out[name] = {"point": None, "ci": [None, None]}
+            continue
+        shares = np.where(gaps > 0, (replicates(name) - replicates(low)) / np.where(gaps > 0, gaps, 1.0), np.nan)
+        out[name] = {"point": (value(name) - value(low)) / gap, "ci": list(percentile_interval(shares, CI_LEVEL))}
+    return out

@@ -1,0 +1,67 @@
+"""The generator's oracle: true next-visit code probabilities at one cut visit per patient."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from behrt_rope.schema import CODE, DATE, PATIENT_ID, PREDICTION_TIME, PROBABILITY
+from synthetic_data.generator import SynthConfig, catalogue_codes, generate
+from synthetic_data.oracle import cut_times, oracle_table
+
+
+@pytest.fixture(scope="module")
+def cohort():
+    cfg = SynthConfig(patients=1500, seed=11)
+    return cfg, oracle_table(cfg, replicas=100), generate(cfg)
+
+
+def _next_visit_codes(oracle: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+    """(patient_id, code) of every code recorded at the visit after each cut."""
+    events = events.assign(**{DATE: pd.to_datetime(events[DATE])})
+    visits = events[[PATIENT_ID, DATE]].drop_duplicates().sort_values([PATIENT_ID, DATE])
+    visits["next"] = visits.groupby(PATIENT_ID)[DATE].shift(-1)
+    cuts = cut_times(oracle).merge(visits, left_on=[PATIENT_ID, PREDICTION_TIME], right_on=[PATIENT_ID, DATE])
+    assert len(cuts) == len(cut_times(oracle)), "every cut is a real visit of its patient"
+    assert cuts["next"].notna().all(), "every cut is followed by another visit"
+    following = cuts[[PATIENT_ID, "next"]].merge(events, left_on=[PATIENT_ID, "next"], right_on=[PATIENT_ID, DATE])
+    return following[[PATIENT_ID, CODE]].drop_duplicates()
+
+
+def test_oracle_probabilities_are_valid_and_reproducible(cohort):
+    cfg, oracle, _ = cohort
+    assert list(oracle.columns) == [PATIENT_ID, PREDICTION_TIME, CODE, PROBABILITY]
+    assert oracle[PROBABILITY].between(0.0, 1.0).all() and (oracle[PROBABILITY] > 0).all()
+    assert set(oracle[CODE]) <= set(catalogue_codes())
+    assert not oracle.duplicated([PATIENT_ID, PREDICTION_TIME, CODE]).any()
+    assert oracle.groupby(PATIENT_ID)[PREDICTION_TIME].nunique().max() == 1, "one cut per patient"
+    pd.testing.assert_frame_equal(oracle, oracle_table(cfg, replicas=100))
+
+
+def test_asking_for_the_oracle_leaves_the_cohort_unchanged(cohort):
+    cfg, _, (patients, events) = cohort
+    again_patients, again_events = generate(cfg)
+    pd.testing.assert_frame_equal(events, again_events)
+    pd.testing.assert_frame_equal(patients, again_patients)
+
+
+def test_oracle_agrees_with_empirical_next_visit_frequencies(cohort):
+    """Summed over cuts, the oracle's probability of a code is its expected count at the next visits; the
+    observed counts must scatter around it by Poisson-binomial noise, and the oracle must rank far better
+    than chance."""
+    _, oracle, (_, events) = cohort
+    observed = _next_visit_codes(oracle, events).groupby(CODE).size()
+    expected = oracle.groupby(CODE)[PROBABILITY].sum()
+    table = pd.concat([observed.rename("observed"), expected.rename("expected")], axis=1).fillna(0.0)
+    table = table[table["expected"] >= 5]
+    assert len(table) >= 20
+    z = (table["observed"] - table["expected"]) / np.sqrt(table["expected"])
+    assert np.abs(z).mean() < 1.5, table.assign(z=z).sort_values("expected").tail(10)
+    assert np.abs(z).max() < 5.0
+    assert np.corrcoef(table["observed"], table["expected"])[0, 1] > 0.95
+
+    # per (cut, code): the oracle's probability is higher where the code does come next
+    truth = _next_visit_codes(oracle, events).assign(hit=1)
+    pairs = oracle.merge(truth, on=[PATIENT_ID, CODE], how="left").fillna({"hit": 0})
+    assert pairs.loc[pairs["hit"] == 1, PROBABILITY].mean() > 3 * pairs.loc[pairs["hit"] == 0, PROBABILITY].mean()
