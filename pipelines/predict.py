@@ -75,6 +75,12 @@ def run(config: Config) -> Path:
     input_dir, out = Path(config.input), Path(config.out)
     if not input_dir.is_dir():
         raise UserError(f"input directory not found: {input_dir}")
+    with file_output(out, sidecars(out)):  # first: a second run writing the same OUT stops at once
+        return _predict(config, input_dir, out)
+
+
+def _predict(config: Config, input_dir: Path, out: Path) -> Path:
+    """Load the model, prepare and score the input, write the sidecars and then ``out`` (last)."""
     bundle = load_bundle(config.model, "multilabel")
     etl = _etl_config(bundle, config.format)
     vocab = pd.DataFrame({"token_id": np.arange(len(bundle["vocab"]), dtype=np.int32), "token": bundle["vocab"]})
@@ -82,12 +88,11 @@ def run(config: Config) -> Path:
     model = multilabel_model(bundle)
     device = resolve_device(config.device)
     log.info("predict: scoring %d patients on %s", len(prepared.seqs), device)
-    with file_output(out, sidecars(out)):
-        probs = score(model, prepared.seqs, batch_size=config.batch_size, device=device, progress=config.progress)
-        table = _predictions(prepared, bundle["labels"], probs, config.layout)
-        _write_sidecars(out, config, prepared, etl, len(bundle["labels"]))
-        with atomic_path(out) as tmp:  # last: the predictions file exists only when everything is written
-            pq.write_table(table, tmp)
+    probs = score(model, prepared.seqs, batch_size=config.batch_size, device=device, progress=config.progress)
+    table = _predictions(prepared, bundle["labels"], probs, config.layout)
+    _write_sidecars(out, config, prepared, etl, len(bundle["labels"]))
+    with atomic_path(out) as tmp:  # last: the predictions file exists only when everything is written
+        pq.write_table(table, tmp)
     return out
 
 

@@ -177,7 +177,7 @@ def oracle_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_evaluate_against_the_oracle(oracle_run):
-    cohort, ev = oracle_run
+    _, ev = oracle_run
     ceiling = read_metrics(ev)["ceiling"]
     predictors = ceiling["predictors"]
     assert set(predictors) == {"model", "logistic_regression", "gradient_boosting", "oracle"}
