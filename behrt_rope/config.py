@@ -123,21 +123,33 @@ def field_help(cls: type) -> dict[str, str]:
     return docs
 
 
-def describe(cls: type, prefix: str = "") -> list[str]:
-    """One line per leaf key: ``key (type, default): help``; used by the CLI's ``--help``."""
+def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[str]:
+    """One line per leaf key: ``key (type, default): help``; used by the CLI's ``--help``.
+
+    ``defaults``: the instance whose values are the defaults shown (a parent's ``default_factory`` may set
+    a nested section's defaults apart from its class's, e.g. fine-tuning's trainer).
+    """
     lines: list[str] = []
     helps = field_help(cls)
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         tp = hints[f.name]
+        default = _field_default(f) if defaults is None else getattr(defaults, f.name)
         if dataclasses.is_dataclass(tp):
-            lines.extend(describe(tp, key + "."))  # type: ignore[arg-type]
+            lines.extend(describe(tp, key + ".", default))  # type: ignore[arg-type]
             continue
-        factory: Any = f.default_factory
-        default = f.default if f.default is not dataclasses.MISSING else factory()
         lines.append(f"  {key} = {default!r}  ({_type_name(tp)}) {helps.get(f.name, '')}".rstrip())
     return lines
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    """A field's default value (its factory called), or None when it has none."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -164,13 +176,19 @@ def _build(cls: type[T], data: dict[str, Any], prefix: str) -> T:
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(names)})"
             raise ConfigError(f"unknown config key {full!r}{hint}")
     kwargs: dict[str, Any] = {}
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for name in names:
         if name not in data:
             continue
         tp = hints[name]
         key = f"{prefix}{name}"
         if dataclasses.is_dataclass(tp):
-            kwargs[name] = _build(tp, data[name], key + ".")  # type: ignore[arg-type]
+            # Start from the parent's default for this section (its default_factory may differ from the
+            # nested class's own defaults), then apply what was given.
+            default = _field_default(fields[name])
+            base = to_dict(default) if dataclasses.is_dataclass(default) else {}
+            merged = _merge(base, data[name]) if isinstance(data[name], dict) else data[name]
+            kwargs[name] = _build(tp, merged, key + ".")  # type: ignore[arg-type]
         else:
             kwargs[name] = _convert(data[name], tp, key)
     try:

@@ -209,9 +209,10 @@ def _ceiling(
     matched, oracle_probs = oracle_matrix(read_oracle(config.oracle), held, samples, labels, etl)
     if not len(matched):
         raise UserError(f"{config.oracle}: no oracle cut matches a held-out sample of {config.data}")
+    at_cuts = {**{name: scores[matched] for name, scores in predictions.items()}, ORACLE: oracle_probs}
     evaluations = {
-        name: evaluate_scores(y[matched], scores[matched], None, labels, config.n_bootstrap, config.seed)
-        for name, scores in {**predictions, ORACLE: oracle_probs}.items()
+        name: evaluate_scores(y[matched], scores, None, labels, config.n_bootstrap, config.seed)
+        for name, scores in at_cuts.items()
     }
     closed = gap_closed(evaluations, LOGISTIC)
     log.info("evaluate: %d held-out samples at oracle cuts", len(matched))

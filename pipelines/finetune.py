@@ -28,7 +28,7 @@ from behrt_rope.data.labels import (
 )
 from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary
 from behrt_rope.errors import UserError
-from behrt_rope.model.config import ModelConfig
+from behrt_rope.model.config import HEAD_FIELDS, ModelConfig
 from behrt_rope.model.heads import load_encoder_weights, pos_weight_from_counts
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle, save_bundle, task_state_dict
@@ -62,8 +62,14 @@ class Config:
     """Cap on the positive-class weights."""
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    """Used only without --pretrained (a pre-trained encoder brings its own configuration)."""
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=10))
+    """Without --pretrained, the whole model; with it, only the head's settings (label_attention_heads,
+    wide): a pre-trained encoder brings its own configuration."""
+    trainer: TrainerConfig = field(
+        default_factory=lambda: TrainerConfig(max_epochs=20, learning_rate=3e-3, early_stopping_patience=5)
+    )
+    """Fine-tuning defaults: 20 epochs at a peak learning rate of 3e-3, stopping after 5 epochs without a
+    better tuning macro AP (chosen on the tuning split, see docs/benchmarks.md "Quality"); the checkpoint
+    kept is the one with the best tuning macro AP."""
 
 
 @dataclass
@@ -171,7 +177,8 @@ def _split_data(
 
 
 def _encoder_start(config: Config, tokens: list[str]) -> tuple[ModelConfig, dict | None]:
-    """Model configuration and encoder weights: from the pre-trained bundle, or fresh."""
+    """Model configuration and encoder weights: from the pre-trained bundle (the head's settings, which
+    pre-training does not use, from this run's ``model.*``), or fresh."""
     if not config.pretrained:
         return dataclasses.replace(config.model, vocab_size=len(tokens)), None
     bundle = load_bundle(config.pretrained, "mlm")
@@ -180,7 +187,8 @@ def _encoder_start(config: Config, tokens: list[str]) -> tuple[ModelConfig, dict
             f"{config.pretrained} was pre-trained on a different vocabulary than {config.data}; "
             "pre-train and fine-tune on the same ETL output"
         )
-    return bundle["model_config"], bundle["state_dict"]
+    head = {name: getattr(config.model, name) for name in HEAD_FIELDS}
+    return dataclasses.replace(bundle["model_config"], **head), bundle["state_dict"]
 
 
 def _etl_settings(etl_dir: str) -> dict:

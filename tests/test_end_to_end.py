@@ -170,7 +170,7 @@ def oracle_run(tmp_path_factory):
     cohort, etl, ft, ev = (root / name for name in ("cohort", "etl", "ft", "eval"))
     _run("synth", "--out", str(cohort), "--patients", "400", "--seed", "5", "oracle=true", "oracle_replicas=50")
     _run("etl", "--input", str(cohort), "--out", str(etl), "progress=false")
-    _run("finetune", "--data", str(etl), "--out", str(ft), *TINY_MODEL, *FINETUNE_FAST)
+    _run("finetune", "--data", str(etl), "--out", str(ft), *FINETUNE_FAST, *TINY_MODEL)
     _run("evaluate", "--model", str(ft), "--data", str(etl), "--out", str(ev), f"oracle={cohort}", "n_bootstrap=20")
     return cohort, ev
 

@@ -28,6 +28,9 @@ class ModelConfig:
     """k, the number of periodic Time2Vec features of age (plus one linear feature)."""
     age_scale: float = 100.0
     """Ages (years) are divided by this before Time2Vec, to keep the linear term near unit scale."""
+    scale_code_embedding: bool = True
+    """Multiply code embeddings by sqrt(hidden_size) (Vaswani et al. 2017) and start the Time2Vec projection
+    at 1/sqrt(k + 1) of the usual scale, so a token's code, not its age, dominates its initial embedding."""
     num_segments: int = 2
     """Segment ids alternate between visits (A/B)."""
     position_encoding: Literal["rope", "absolute"] = "rope"
@@ -45,10 +48,11 @@ class ModelConfig:
     max_positions: int = 512
     """Size of the sinusoidal table for position_encoding=absolute."""
     layer_norm_eps: float = 1e-12
-    label_attention_heads: int = 4
+    label_attention_heads: int = 0
     """Fine-tuning head (visit pooling): heads of the per-label attention over the history, in which each
     label has its own query; half rotate by visit index, half by age in days (0: no label attention).
-    Head settings apply at finetune even with --pretrained (pre-training has no such head)."""
+    Head settings apply at finetune even with --pretrained (pre-training has no such head). Off by default:
+    on our tuning cohort it cost 20-30% more time per epoch and gained nothing (docs/benchmarks.md)."""
     wide: bool = True
     """Fine-tuning head (visit pooling): add the wide linear path over log(1 + count) of each code seen."""
 

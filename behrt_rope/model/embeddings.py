@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -36,6 +38,7 @@ class BehrtEmbeddings(nn.Module):
             self.register_buffer("position_table", table, persistent=False)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.drop = nn.Dropout(config.dropout)
+        self.code_scale = math.sqrt(config.hidden_size) if config.scale_code_embedding else 1.0
 
     def forward(
         self,
@@ -56,7 +59,9 @@ class BehrtEmbeddings(nn.Module):
         Returns:
             ``(B, T, H)``.
         """
-        x = self.code(token_ids) + self.segment(segments.long()) + self.age(ages)  # (B, T, H)
+        # With the BERT initialisation (std 0.02 everywhere) the age term, a projection of k + 1 unit-scale
+        # Time2Vec features, would start ~4x larger than the code: scaled, the code leads (see ModelConfig).
+        x = self.code(token_ids) * self.code_scale + self.segment(segments.long()) + self.age(ages)  # (B, T, H)
         if self.absolute:
             if positions is None:
                 raise ValueError("position_encoding='absolute' needs positions")

@@ -9,6 +9,8 @@ heads read.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -139,6 +141,9 @@ class BehrtEncoder(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # pre-LN needs a final norm
         self.apply(init_weights)
+        if config.scale_code_embedding:  # Time2Vec's projection at the scale of one input feature
+            with torch.no_grad():
+                self.embeddings.age.proj.weight.div_(math.sqrt(config.time2vec_periodic + 1))
 
     def forward(
         self,

@@ -142,6 +142,8 @@ class BehrtForMultiLabel(nn.Module):
         self.label_attention = LabelAttention(config, num_labels) if use_label_attention else None
         if self.label_attention is not None:
             self.label_attention.key.apply(init_weights)
+            for layer in (self.label_attention.elapsed[0], self.label_attention.vote[0]):
+                layer.apply(init_weights)
 
     def pool(
         self,

@@ -19,11 +19,15 @@ import torch
 from torch import nn
 
 from behrt_rope.model.config import ModelConfig
-from behrt_rope.model.encoder import INIT_STD, rope_tables
+from behrt_rope.model.encoder import DAYS_PER_YEAR, INIT_STD, rope_tables
 from behrt_rope.model.rope import rotate
 
 KEY_SIZE = 16
 """Size of each head's label queries and keys: small, since a query only has to pick out a few codes."""
+ELAPSED_SIZE = 16
+"""Width of the learned features of the time elapsed since a visit."""
+VOTE_HIDDEN = 64
+"""Hidden width of the map from a visit's state and elapsed time to its votes."""
 
 
 class LabelAttention(nn.Module):
@@ -45,10 +49,17 @@ class LabelAttention(nn.Module):
         self.query = nn.Parameter(torch.randn(self.num_heads, num_labels, KEY_SIZE) * INIT_STD)
         self.key = nn.Linear(config.hidden_size, self.num_heads * KEY_SIZE)
         self.sink_key = nn.Parameter(torch.zeros(self.num_heads, KEY_SIZE))
-        # Per head and label, a visit's vote; zero-initialised, so the path starts silent.
-        self.value = nn.Linear(config.hidden_size, self.num_heads * num_labels)
-        nn.init.zeros_(self.value.weight)
-        nn.init.zeros_(self.value.bias)
+        # A visit's vote, per head and label, from its state and how long before the scored visit it was
+        # (log days and log visits, through a small learned map): "recorded 3 weeks ago" and "recorded 3
+        # years ago" can vote differently. The last layer starts at zero, so the path starts silent.
+        self.elapsed = nn.Sequential(nn.Linear(2, ELAPSED_SIZE), nn.GELU())
+        self.vote = nn.Sequential(
+            nn.Linear(config.hidden_size + ELAPSED_SIZE, VOTE_HIDDEN),
+            nn.GELU(),
+            nn.Linear(VOTE_HIDDEN, self.num_heads * num_labels),
+        )
+        nn.init.zeros_(self.vote[-1].weight)
+        nn.init.zeros_(self.vote[-1].bias)
         self.sink_value = nn.Parameter(torch.zeros(self.num_heads, num_labels))
 
     def forward(
@@ -72,7 +83,7 @@ class LabelAttention(nn.Module):
             ``(N, L)`` logits, rows in row-major order of ``score_at``.
         """
         B, _, H = hidden.shape
-        nh, L = self.num_heads, self.num_labels
+        nh = self.num_heads
         rows, cols = score_at.nonzero(as_tuple=True)  # (N,), (N,)
         # Compact each patient's visit ends to the front: (B, V) positions, V = most visits in the batch.
         n_visits = visit_end.sum(1)  # (B,)
@@ -86,9 +97,9 @@ class LabelAttention(nn.Module):
         if cos.dim() == 3:  # every head on one source: (B, V, k/2) -> (B, nh, V, k/2)
             cos, sin = cos[:, None].expand(-1, nh, -1, -1), sin[:, None].expand(-1, nh, -1, -1)
         keys = rotate(self.key(h_v).view(B, V, nh, KEY_SIZE).transpose(1, 2), cos, sin)  # (B, nh, V, k)
-        votes = self.value(h_v).view(B, V, nh, L)  # (B, V, nh, L)
         # The scored [SEP] closes the patient's k-th visit (compact index k): rotate the queries to its position.
         k = (visit_end.long().cumsum(1) - 1)[rows, cols]  # (N,)
+        votes = self._votes(h_v[rows], ages.gather(1, where)[rows], ages[rows, cols], k)  # (N, V, nh, L)
         q_cos, q_sin = cos[rows, :, k][:, :, None], sin[rows, :, k][:, :, None]  # (N, nh, 1, k/2)
         queries = rotate(self.query.to(hidden.dtype), q_cos, q_sin)  # (N, nh, L, k)
         scale = KEY_SIZE**-0.5
@@ -97,5 +108,14 @@ class LabelAttention(nn.Module):
         visible = real[rows] & (torch.arange(V, device=hidden.device)[None, :] <= k[:, None])  # (N, V)
         scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
         weights = torch.softmax(torch.cat([sink[..., None], scores], dim=-1), dim=-1)  # (N, nh, L, 1 + V)
-        from_history = torch.einsum("nhlv,nvhl->nl", weights[..., 1:], votes[rows])  # (N, L)
+        from_history = torch.einsum("nhlv,nvhl->nl", weights[..., 1:], votes)  # (N, L)
         return from_history + (weights[..., 0] * self.sink_value.to(hidden.dtype)).sum(1)  # (N, L)
+
+    def _votes(self, h: torch.Tensor, visit_ages: torch.Tensor, now: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """``(N, V, nh, L)`` votes of each scored position's visits: ``h`` ``(N, V, H)`` their states,
+        ``visit_ages`` ``(N, V)`` and ``now`` ``(N,)`` ages in years, ``k`` ``(N,)`` the scored visit's index."""
+        N, V, _ = h.shape
+        days = ((now[:, None] - visit_ages) * DAYS_PER_YEAR).clamp(min=0.0)  # (N, V); later visits masked anyway
+        visits = (k[:, None] - torch.arange(V, device=h.device)[None, :]).clamp(min=0).to(days.dtype)  # (N, V)
+        elapsed = self.elapsed(torch.stack([torch.log1p(days), torch.log1p(visits)], dim=-1).to(h.dtype))
+        return self.vote(torch.cat([h, elapsed], dim=-1)).view(N, V, self.num_heads, self.num_labels)

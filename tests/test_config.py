@@ -1,0 +1,29 @@
+"""The typed config loader: nested sections keep their parent's defaults when only some keys are given."""
+
+from __future__ import annotations
+
+from behrt_rope import config as config_lib
+from pipelines import finetune, pretrain
+
+
+def _build(module, *overrides: str):
+    return config_lib.build(module.Config, config_lib.parse_overrides(list(overrides)))
+
+
+def test_an_override_keeps_the_rest_of_the_sections_defaults():
+    """finetune's trainer section has its own defaults (its default_factory), not TrainerConfig's class
+    defaults; setting one trainer key must not silently bring the others back to the class's values."""
+    untouched = finetune.Config()
+    tweaked = _build(finetune, "trainer.progress_bar=false")
+    assert tweaked.trainer.progress_bar is False
+    assert tweaked.trainer.max_epochs == untouched.trainer.max_epochs != pretrain.Config().trainer.max_epochs
+    assert tweaked.trainer.learning_rate == untouched.trainer.learning_rate
+    assert tweaked.trainer.early_stopping_patience == untouched.trainer.early_stopping_patience
+    assert _build(finetune, "trainer.max_epochs=3").trainer.learning_rate == untouched.trainer.learning_rate
+    assert _build(pretrain, "trainer.progress_bar=false").trainer.max_epochs == pretrain.Config().trainer.max_epochs
+
+
+def test_help_shows_the_sections_real_defaults():
+    lines = config_lib.describe(finetune.Config)
+    epochs = next(line for line in lines if line.strip().startswith("trainer.max_epochs ="))
+    assert f"= {finetune.Config().trainer.max_epochs!r}" in epochs
