@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
+from behrt_rope import atomic
 from behrt_rope.errors import UserError
 
 T = TypeVar("T")
@@ -42,7 +43,15 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
-    data = yaml.load(path.read_text(), Loader=yaml.BaseLoader) or {}
+    try:
+        data = yaml.load(path.read_bytes().decode("utf-8"), Loader=yaml.BaseLoader) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})") from None
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        line = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise ConfigError(f"{path}: not valid YAML{line}: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config file must hold a mapping at the top level")
     return data
@@ -86,7 +95,7 @@ def to_dict(obj: Any) -> Any:
 
 def save(obj: Any, path: str | Path) -> None:
     """Write the resolved configuration next to a stage's outputs."""
-    Path(path).write_text(yaml.safe_dump(to_dict(obj), sort_keys=False))
+    atomic.write_text(path, yaml.safe_dump(to_dict(obj), sort_keys=False))
 
 
 def field_help(cls: type) -> dict[str, str]:
@@ -174,7 +183,7 @@ def _build(cls: type[T], data: dict[str, Any], prefix: str) -> T:
             candidates = [f"{prefix}{n}" for n in names]
             close = difflib.get_close_matches(full, candidates, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(names)})"
-            raise ConfigError(f"unknown config key '{full}'{hint}")
+            raise ConfigError(f"unknown config key {full!r}{hint}")
     kwargs: dict[str, Any] = {}
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for name in names:

@@ -1,25 +1,33 @@
-"""What every stage does around its work: output directory, resolved config, log file, done-marker.
+"""What every stage does around its work: lock, output directory, resolved config, log file, done-marker.
 
-A stage writes its outputs, then ``config.yaml``, then the ``.done`` marker. A rerun with the same resolved
-configuration finds the marker and skips the work (idempotent stages); ``overwrite=true`` forces a rerun.
+A stage takes the output directory's lock (one writer per output, see :mod:`behrt_rope.locking`), removes
+the ``.done`` marker and any temporary files an interrupted run left, writes its outputs (each through a
+temporary name renamed into place, see :mod:`behrt_rope.atomic`), then ``config.yaml``, then ``.done``. So a
+directory without ``.done`` is incomplete, and every stage that reads another stage's output checks for it
+(:func:`require_done`). A rerun with the same resolved configuration finds the marker and skips the work
+(idempotent stages); ``overwrite=true`` forces a rerun.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from behrt_rope import atomic, schema
 from behrt_rope import config as config_lib
-from behrt_rope import schema
+from behrt_rope.errors import ArtifactError
+from behrt_rope.locking import output_lock
 
 log = logging.getLogger("behrt_rope")
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
+"""Environment variables that launchers (Lightning, torchrun, SLURM) set in each distributed process."""
 
 
 def setup_console_logging(level: int = logging.INFO) -> None:
@@ -33,6 +41,11 @@ def setup_console_logging(level: int = logging.INFO) -> None:
     root.setLevel(level)
 
 
+def is_primary_process() -> bool:
+    """False in the extra processes of a distributed run (rank > 0), which neither lock nor mark outputs."""
+    return all(os.environ.get(name, "0") in ("", "0") for name in RANK_VARIABLES)
+
+
 def is_done(out_dir: Path, resolved: Any) -> bool:
     """True when ``out_dir`` holds a finished run of exactly this configuration."""
     marker = out_dir / schema.DONE_MARKER
@@ -42,29 +55,72 @@ def is_done(out_dir: Path, resolved: Any) -> bool:
     return bool(yaml.safe_load(saved.read_text()) == config_lib.to_dict(resolved))
 
 
+def require_done(stage_dir: str | Path, producer: str) -> Path:
+    """``stage_dir`` if it holds a finished ``behrt-rope producer`` output; else a one-line ArtifactError."""
+    path = Path(stage_dir)
+    if not path.is_dir():
+        raise ArtifactError(f"{path}: not found; expected a `behrt-rope {producer}` output directory")
+    marker = path / schema.DONE_MARKER
+    if not marker.exists() and not (path / schema.LOG_FILE).exists():
+        raise ArtifactError(f"{path}: not a `behrt-rope {producer}` output; run `behrt-rope {producer}` first")
+    if not marker.exists():
+        raise ArtifactError(
+            f"{path}: incomplete `behrt-rope {producer}` output (no {schema.DONE_MARKER} marker: its run was "
+            f"interrupted or is still running); rerun `behrt-rope {producer}` into it"
+        )
+    made_by = marker.read_text().strip()
+    if made_by != producer:
+        raise ArtifactError(f"{path}: holds a `behrt-rope {made_by}` output, expected a `{producer}` output")
+    return path
+
+
 @contextmanager
 def stage(out_dir: str | Path, resolved: Any, name: str) -> Iterator[Path]:
-    """Open a stage's output directory with a log file; on success save the config and the done-marker."""
+    """Lock and open a stage's output directory with a log file; on success save the config and ``.done``.
+
+    In a distributed run only the primary process locks the directory and writes the config and marker.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / schema.DONE_MARKER).unlink(missing_ok=True)
-    handler = logging.FileHandler(out / schema.LOG_FILE, mode="a")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("behrt_rope")
-    root.addHandler(handler)
-    log.info("%s: writing to %s", name, out)
-    try:
+    primary = is_primary_process()
+    with ExitStack() as stack:
+        if primary:
+            stack.enter_context(output_lock(out / schema.LOCK_FILE, out))
+            (out / schema.DONE_MARKER).unlink(missing_ok=True)
+            atomic.remove_partials(out)
+        handler = logging.FileHandler(out / schema.LOG_FILE, mode="a")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root = logging.getLogger("behrt_rope")
+        root.addHandler(handler)
+        stack.callback(handler.close)
+        stack.callback(root.removeHandler, handler)
+        log.info("%s: writing to %s", name, out)
         yield out
-        config_lib.save(resolved, out / schema.RESOLVED_CONFIG_FILE)
-        (out / schema.DONE_MARKER).write_text(name + "\n")
-    finally:
-        root.removeHandler(handler)
-        handler.close()
+        if primary:
+            config_lib.save(resolved, out / schema.RESOLVED_CONFIG_FILE)
+            atomic.write_text(out / schema.DONE_MARKER, name + "\n")
+
+
+@contextmanager
+def file_output(out: str | Path, related: Iterable[str | Path] = ()) -> Iterator[Path]:
+    """Lock a single-file output (``.OUT.lock`` beside it) and remove it and its ``related`` files first,
+    with any temporary files an interrupted run left for them.
+
+    The caller writes ``related`` files (sidecars) and then ``out`` itself, atomically and last, so that
+    ``out`` exists only when everything it goes with is complete.
+    """
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(path.with_name(f".{path.name}.lock"), path):
+        for file in (path, *map(Path, related)):
+            file.unlink(missing_ok=True)
+            atomic.remove_partials_of(file)
+        yield path
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Pretty, stable JSON (sorted keys are not used: the writer's order is the reading order)."""
-    path.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+    """Pretty, stable JSON written atomically (sorted keys are not used: the writer's order is the reading order)."""
+    atomic.write_json(path, payload, default=_jsonable)
 
 
 def _jsonable(value: Any) -> Any:

@@ -52,8 +52,9 @@ def build_model_dir(root: Path, patients: int, seed: int) -> tuple[Path, Path]:
     labels = list(range(S.N_SPECIAL, S.N_SPECIAL + N_LABELS))
     model_dir = root / "model"
     model_dir.mkdir()
+    (model_dir / S.DONE_MARKER).write_text("finetune\n")  # a finished fine-tuning output, as predict expects
     save_bundle(
-        model_dir / S.MODEL_FILE,
+        model_dir,
         "multilabel",
         config,
         model.state_dict(),

@@ -165,7 +165,7 @@ def measure(
         torch.set_num_threads(threads)
     rss_after_imports = _max_rss_mb()
     device = torch.device(device_name)
-    saved = torch.load(batches_file, weights_only=False)
+    saved = torch.load(batches_file, weights_only=True)
     batches = [{k: v.to(device) for k, v in b.items()} for b in saved["batches"]]
     torch.manual_seed(0)
     model, loss_of = build(variant, saved["vocab_size"])

@@ -30,7 +30,7 @@ from behrt_rope.evaluation.baseline import age_features, bag_of_codes, fit_predi
 from behrt_rope.evaluation.ceiling import ORACLE, gap_closed, oracle_matrix, read_oracle
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
 from behrt_rope.evaluation.time_features import time_features
-from behrt_rope.stage import is_done, stage, write_json
+from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.inference import multilabel_model, resolve_device, score
 
@@ -83,6 +83,7 @@ def run(config: Config) -> Path:
     if not (config.model and config.data and config.out):
         raise UserError("evaluate needs --model FINETUNE_DIR, --data ETL_DIR and --out DIR")
     out_dir = Path(config.out)
+    require_done(config.data, "etl")
     if not config.overwrite and is_done(out_dir, config):
         log.info("evaluate: %s already holds this run; skipping (overwrite=true to redo)", out_dir)
         return out_dir

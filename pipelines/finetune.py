@@ -32,8 +32,9 @@ from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary
 from behrt_rope.errors import UserError
 from behrt_rope.model.config import HEAD_FIELDS, ModelConfig
 from behrt_rope.model.heads import load_encoder_weights, pos_weight_from_counts
-from behrt_rope.stage import is_done, stage, write_json
+from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle, save_bundle, task_state_dict
+from behrt_rope.training.checkpoints import load_task_weights
 from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.loaders import make_loader, padding_report
 from behrt_rope.training.tasks import MultiLabelTask
@@ -47,7 +48,7 @@ class Config:
     data: str = ""
     """ETL output directory."""
     out: str = ""
-    """Output directory (checkpoints, logs, model.pt, metrics.json)."""
+    """Output directory (checkpoints, logs, model.safetensors + model.json, metrics.json)."""
     pretrained: str = ""
     """A `behrt-rope pretrain` output directory to start from; empty: train from scratch."""
     resume: str = ""
@@ -88,6 +89,7 @@ def run(config: Config) -> Path:
     if not config.data or not config.out:
         raise UserError("finetune needs --data ETL_DIR and --out DIR")
     out_dir = Path(config.out)
+    require_done(config.data, "etl")
     if not config.overwrite and not config.resume and is_done(out_dir, config):
         log.info("finetune: %s already holds this run; skipping (overwrite=true to redo)", out_dir)
         return out_dir
@@ -127,21 +129,14 @@ def run(config: Config) -> Path:
             load_encoder_weights(task.model, pretrained_state)
         train_loader = make_loader(train.dataset, tc, train.collate, True)
         val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
-        trainer = build_trainer(tc, out, "val/macro_ap" if val_loader is not None else None, "max")
+        trainer = build_trainer(tc, out, "val/macro_ap" if val_loader is not None else None, "max", train_loader)
         started = time.perf_counter()
         trainer.fit(task, train_loader, val_loader, ckpt_path=resume_path(config.resume, out))
         seconds = time.perf_counter() - started
         best = str(getattr(trainer.checkpoint_callback, "best_model_path", "") or "")
         if best:
-            task = MultiLabelTask.load_from_checkpoint(
-                best,
-                model_config=model_config,
-                trainer_config=tc,
-                num_labels=len(label_ids),
-                pooling=config.pooling,
-                pos_weight=pos_weight,
-                weights_only=False,
-            )
+            task = MultiLabelTask(model_config, tc, len(label_ids), config.pooling, pos_weight)
+            load_task_weights(task, best)
         # every rank validates (a collective under DDP); only rank 0 writes
         val = trainer.validate(task, val_loader, verbose=False)[0] if val_loader is not None else {}
         if trainer.is_global_zero:
@@ -163,7 +158,7 @@ def run(config: Config) -> Path:
             }
             write_json(out / S.METRICS_FILE, metrics)
             save_bundle(
-                out / S.MODEL_FILE,
+                out,
                 "multilabel",
                 model_config,
                 task_state_dict(task),

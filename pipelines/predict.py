@@ -2,7 +2,9 @@
 
 Next to ``OUT.parquet`` it writes ``OUT.summary.json`` (patients scored and not scored, unknown codes,
 rejected rows), ``OUT.unscored.parquet`` (each patient without a usable history and why),
-``OUT.quarantine.parquet`` and ``OUT.config.yaml``.
+``OUT.quarantine.parquet`` and ``OUT.config.yaml``. ``OUT.parquet`` is written last, through a temporary
+name, so it exists only once every file beside it is complete; a second run writing the same ``OUT``
+stops at once (lock file ``.OUT.parquet.lock``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pyarrow.parquet as pq
 
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
+from behrt_rope import atomic
 from behrt_rope.data.sequences import Sequences, from_table
 from behrt_rope.errors import UserError
 from behrt_rope.etl.config import EtlConfig
@@ -27,7 +30,7 @@ from behrt_rope.etl.readers import reader_for
 from behrt_rope.etl.runner import process_shard
 from behrt_rope.etl.tokenize import to_token_table
 from behrt_rope.evaluation import meds_predictions
-from behrt_rope.stage import write_json
+from behrt_rope.stage import file_output, write_json
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.inference import multilabel_model, resolve_device, score
 
@@ -78,6 +81,12 @@ def run(config: Config) -> Path:
     input_dir, out = Path(config.input), Path(config.out)
     if not input_dir.is_dir():
         raise UserError(f"input directory not found: {input_dir}")
+    with file_output(out, sidecars(out)):  # first: a second run writing the same OUT stops at once
+        return _predict(config, input_dir, out)
+
+
+def _predict(config: Config, input_dir: Path, out: Path) -> Path:
+    """Load the model, prepare and score the input, write the sidecars and then ``out`` (last)."""
     bundle = load_bundle(config.model, "multilabel")
     etl = _etl_config(bundle, config.format, config.etl)
     vocab = pd.DataFrame({"token_id": np.arange(len(bundle["vocab"]), dtype=np.int32), "token": bundle["vocab"]})
@@ -86,14 +95,24 @@ def run(config: Config) -> Path:
     device = resolve_device(config.device)
     log.info("predict: scoring %d patients on %s", len(prepared.seqs), device)
     probs = score(model, prepared.seqs, batch_size=config.batch_size, device=device, progress=config.progress)
-    out.parent.mkdir(parents=True, exist_ok=True)
     table = _predictions(prepared, bundle["labels"], probs)
-    if config.layout == "meds":
-        meds_predictions.write(table, out)
-    else:
-        pq.write_table(table, out)
     _write_sidecars(out, config, prepared, etl, bundle["labels"])
+    # last: the predictions exist only when everything else is written
+    if config.layout == "meds":  # a folder: one meds-evaluation file per label code, and an index
+        with atomic.atomic_dir(out) as tmp:
+            meds_predictions.write(table, tmp)
+    else:
+        with atomic.atomic_path(out) as tmp:
+            pq.write_table(table, tmp)
     return out
+
+
+def sidecars(out: Path) -> list[Path]:
+    """The files written beside the predictions ``out``."""
+    stem = out.with_suffix("")
+    return [
+        Path(f"{stem}.{name}") for name in ("unscored.parquet", "quarantine.parquet", "config.yaml", "summary.json")
+    ]
 
 
 def _etl_config(bundle: dict[str, Any], fmt: str, overrides: Any) -> EtlConfig:
@@ -175,11 +194,10 @@ def _predictions(prepared: Prepared, labels: list[str], probs: np.ndarray) -> pa
 def _write_sidecars(out: Path, config: Config, prepared: Prepared, etl: EtlConfig, labels: list[str]) -> None:
     n_labels = len(labels)
     stem = out.with_suffix("")
-    pq.write_table(pa.Table.from_pandas(prepared.unscored, preserve_index=False), f"{stem}.unscored.parquet")
-    pq.write_table(
-        pa.Table.from_pandas(prepared.quarantine, schema=S.QUARANTINE, preserve_index=False),
-        f"{stem}.quarantine.parquet",
-    )
+    with atomic.atomic_path(f"{stem}.unscored.parquet") as tmp:
+        pq.write_table(pa.Table.from_pandas(prepared.unscored, preserve_index=False), tmp)
+    with atomic.atomic_path(f"{stem}.quarantine.parquet") as tmp:
+        pq.write_table(pa.Table.from_pandas(prepared.quarantine, schema=S.QUARANTINE, preserve_index=False), tmp)
     config_lib.save(config, f"{stem}.config.yaml")
     unknown_events = sum(prepared.unknown_codes.values())
     summary = {

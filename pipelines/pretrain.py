@@ -16,8 +16,9 @@ from behrt_rope.data.datasets import MlmCollator, PatientDataset
 from behrt_rope.data.sequences import load_tokens, load_vocabulary
 from behrt_rope.errors import UserError
 from behrt_rope.model.config import ModelConfig
-from behrt_rope.stage import is_done, stage, write_json
+from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import save_bundle, task_state_dict
+from behrt_rope.training.checkpoints import load_task_weights
 from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.loaders import make_loader, padding_report
 from behrt_rope.training.tasks import MaskedLMTask
@@ -31,7 +32,7 @@ class Config:
     data: str = ""
     """ETL output directory."""
     out: str = ""
-    """Output directory (checkpoints, logs, model.pt, metrics.json)."""
+    """Output directory (checkpoints, logs, model.safetensors + model.json, metrics.json)."""
     resume: str = ""
     """Checkpoint to resume from: a path, or 'last' for OUT/checkpoints/last.ckpt."""
     overwrite: bool = False
@@ -47,6 +48,7 @@ def run(config: Config) -> Path:
     if not config.data or not config.out:
         raise UserError("pretrain needs --data ETL_DIR and --out DIR")
     out_dir = Path(config.out)
+    require_done(config.data, "etl")
     if not config.overwrite and not config.resume and is_done(out_dir, config):
         log.info("pretrain: %s already holds this run; skipping (overwrite=true to redo)", out_dir)
         return out_dir
@@ -67,16 +69,15 @@ def run(config: Config) -> Path:
         )
         task = MaskedLMTask(model_config, tc)
         monitor = "val/loss" if val_loader is not None else None
-        trainer = build_trainer(tc, out, monitor, "min")
+        trainer = build_trainer(tc, out, monitor, "min", train_loader)
         log.info("pretrain: %d train / %d tuning patients, vocabulary %d", len(train), len(tuning), len(vocab))
         started = time.perf_counter()
         trainer.fit(task, train_loader, val_loader, ckpt_path=resume_path(config.resume, out))
         seconds = time.perf_counter() - started
         best = str(getattr(trainer.checkpoint_callback, "best_model_path", "") or "")
         if best:
-            task = MaskedLMTask.load_from_checkpoint(
-                best, model_config=model_config, trainer_config=tc, weights_only=False
-            )
+            task = MaskedLMTask(model_config, tc)
+            load_task_weights(task, best)
         metrics: dict[str, Any] = dict(_evaluate(trainer, task, val_loader))
         if trainer.is_global_zero:
             metrics.update(
@@ -91,7 +92,7 @@ def run(config: Config) -> Path:
             )
             write_json(out / S.METRICS_FILE, metrics)
             save_bundle(
-                out / S.MODEL_FILE,
+                out,
                 "mlm",
                 model_config,
                 task_state_dict(task),

@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from behrt_rope import atomic
 from behrt_rope.config import ConfigError
 from behrt_rope.schema import EVENTS_TABLE, ORACLE_FILE, PATIENT_ID, PATIENTS_TABLE, VISIT_ID
 from behrt_rope.stage import is_done, stage
@@ -58,7 +59,8 @@ def run(config: Config) -> Path:
         _remove_other_formats(out_dir, fmt)
         if config.oracle:
             oracle = oracle_table(config.synth, config.oracle_replicas)
-            pq.write_table(pa.Table.from_pandas(oracle, preserve_index=False), out_dir / ORACLE_FILE)
+            with atomic.atomic_path(out_dir / ORACLE_FILE) as tmp:
+                pq.write_table(pa.Table.from_pandas(oracle, preserve_index=False), tmp)
             log.info("synth: oracle for %d cut visits -> %s", oracle[PATIENT_ID].nunique(), ORACLE_FILE)
         else:
             (out_dir / ORACLE_FILE).unlink(missing_ok=True)
@@ -75,12 +77,13 @@ def run(config: Config) -> Path:
 
 def write_table(frame: pd.DataFrame, path: Path) -> None:
     """Write a table of text columns as CSV (missing values as empty fields) or Parquet (plain ``string``)."""
-    if path.suffix == ".csv":
-        frame.to_csv(path, index=False)
-        return
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    table = table.cast(pa.schema([(name, pa.string()) for name in table.column_names]))
-    pq.write_table(table, path)
+    with atomic.atomic_path(path) as tmp:
+        if path.suffix == ".csv":
+            frame.to_csv(tmp, index=False)
+            return
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        table = table.cast(pa.schema([(name, pa.string()) for name in table.column_names]))
+        pq.write_table(table, tmp)
 
 
 def _remove_other_formats(out_dir: Path, fmt: str) -> None:

@@ -205,14 +205,36 @@ def test_fixed_collator_gives_identical_masks_on_repeated_calls() -> None:
     assert not torch.equal(other["labels"], first["labels"])
 
 
-def test_training_collator_draws_new_masks_each_batch() -> None:
+def test_training_collator_draws_new_masks_each_epoch_and_batch() -> None:
     ds = dataset()
     items = [ds[i] for i in range(len(ds))]
-    collate = MlmCollator(VOCAB, seed=0)
-    assert not torch.equal(collate(items)["labels"], collate(items)["labels"])
-    # ... and is reproducible for a seed
-    fresh = MlmCollator(VOCAB, seed=0)
-    assert torch.equal(fresh(items)["labels"], MlmCollator(VOCAB, seed=0)(items)["labels"])
+    collate = MlmCollator(VOCAB, seed=0, mask_prob=0.5)
+    first = collate(items)["labels"]
+    collate.set_epoch(1)
+    assert not torch.equal(collate(items)["labels"], first)  # same patients, next epoch: new masks
+    other = MlmCollator(VOCAB, seed=0, mask_prob=0.5)(items[:-1])["labels"]
+    assert not torch.equal(other, first[:-1, : other.shape[1]])  # another batch: its own masks
+    # a function of (seed, epoch, batch) alone: what a resumed run (or a DataLoader worker) draws again
+    collate.set_epoch(0)
+    assert torch.equal(collate(items)["labels"], first)
+    assert torch.equal(MlmCollator(VOCAB, seed=0, mask_prob=0.5)(items)["labels"], first)
+    assert not torch.equal(MlmCollator(VOCAB, seed=1, mask_prob=0.5)(items)["labels"], first)
+
+
+def test_sampler_resume_at_skips_the_batches_already_trained_on() -> None:
+    lengths = np.arange(1, 41)
+    full = BucketBatchSampler(lengths, 4, 2, shuffle=True, seed=3)
+    full.set_epoch(2)
+    epoch = list(full)
+    resumed = BucketBatchSampler(lengths, 4, 2, shuffle=True, seed=3)
+    resumed.resume_at(2, 3)
+    assert list(resumed) == epoch[3:] and len(resumed) == len(epoch)
+    assert list(resumed) == epoch  # the skip applies to one iteration only
+    seen: list[int] = []
+    resumed.add_epoch_listener(seen.append)
+    resumed.resume_at(2, len(epoch))  # a finished epoch continues with the next one
+    full.set_epoch(3)
+    assert resumed.epoch == 3 and list(resumed) == list(full) and seen == [2, 3]
 
 
 def test_training_collator_streams_differ_across_ddp_ranks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -133,7 +133,7 @@ def test_commands_fail_with_one_line_messages(tmp_path, capsys):
     assert "\n" not in err and "run `behrt-rope etl` first" in err
     argv = ["predict", "--model", str(tmp_path), "--input", str(tmp_path), "--out", str(tmp_path / "p.parquet")]
     assert main(argv) == 1
-    assert "model.pt not found" in capsys.readouterr().err
+    assert "not a `behrt-rope finetune` output" in capsys.readouterr().err
 
 
 @pytest.mark.slow

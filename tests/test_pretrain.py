@@ -22,6 +22,7 @@ from behrt_rope import schema as S
 from behrt_rope.cli import main
 from behrt_rope.model import ModelConfig
 from behrt_rope.training.bundle import load_bundle
+from behrt_rope.training.checkpoints import load_checkpoint
 from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.tasks import MaskedLMTask
 from behrt_rope.training.trainer import build_trainer, resolve_precision
@@ -43,7 +44,7 @@ def pretrained(etl_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def checkpoint_step(path: Path) -> int:
-    return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
+    return int(load_checkpoint(path)["global_step"])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -71,9 +72,9 @@ def test_pretrain_writes_metrics_checkpoints_and_bundle(pretrained: Path) -> Non
 
 
 def test_rerun_of_a_finished_run_is_skipped(pretrained: Path, etl_dir: Path) -> None:
-    before = (pretrained / S.MODEL_FILE).stat().st_mtime_ns
+    before = (pretrained / S.MODEL_WEIGHTS_FILE).stat().st_mtime_ns
     assert main(pretrain_argv(etl_dir, pretrained)) == 0
-    assert (pretrained / S.MODEL_FILE).stat().st_mtime_ns == before
+    assert (pretrained / S.MODEL_WEIGHTS_FILE).stat().st_mtime_ns == before
 
 
 def test_resume_last_continues_training(pretrained: Path, etl_dir: Path, tmp_path: Path) -> None:
@@ -233,7 +234,7 @@ def test_ddp_gloo_on_two_cpu_processes(etl_dir: Path, pretrained: Path, tmp_path
     # every tuning batch counted once, however the two ranks shared them
     assert metrics["masked_tokens"] == read_metrics(pretrained)["masked_tokens"]
     log = (out / S.LOG_FILE).read_text()
-    assert log.count("tuning MLM loss") == 1  # metrics and model.pt come from rank 0 only
+    assert log.count("tuning MLM loss") == 1  # metrics and the model files come from rank 0 only
     assert load_bundle(out, "mlm")["model_config"].hidden_size == 16
 
 

@@ -6,7 +6,7 @@ length together, so each batch pads to a length close to its members'; the batch
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -64,9 +64,15 @@ def padding_share(lengths: np.ndarray, batches: list[np.ndarray]) -> float:
 class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Batches of indices grouped by length; shuffled per epoch; shards batches across DDP ranks.
 
-    Lightning calls ``set_epoch`` each epoch. Under DDP every rank gets the same number of batches (the
-    list is padded by repeating batches, cyclically), so no rank waits for another at the end of an epoch.
+    Lightning calls ``set_epoch`` each epoch (through ``self.sampler``, where it looks for it). Under DDP
+    every rank gets the same number of batches (the list is padded by repeating batches, cyclically), so no
+    rank waits for another at the end of an epoch.
     A repeated batch is an exact copy (same indices), so evaluation can recognise and drop it.
+
+    An epoch's batches depend only on (seed, epoch), so training resumed mid-epoch continues exactly:
+    :meth:`resume_at` sets the epoch and how many of its batches were already trained on, and the next
+    iteration skips them. Objects that need the epoch too (the masking collator) register with
+    :meth:`add_epoch_listener`.
     """
 
     def __init__(
@@ -78,9 +84,27 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
+        self._skip = 0  # batches of this epoch to skip at the next iteration (resume)
+        self._listeners: list[Callable[[int], None]] = []
+        self.sampler = _EpochHandle(self)  # Lightning sets each epoch through it (see _EpochHandle)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        for listener in self._listeners:
+            listener(epoch)
+
+    def add_epoch_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(epoch)`` whenever the epoch changes (and once now)."""
+        self._listeners.append(listener)
+        listener(self.epoch)
+
+    def resume_at(self, epoch: int, batches_done: int) -> None:
+        """Continue epoch ``epoch`` after its first ``batches_done`` batches (of this rank); a finished epoch
+        continues with the start of the next one."""
+        if batches_done >= len(self):
+            epoch, batches_done = epoch + 1, 0
+        self.set_epoch(epoch)
+        self._skip = max(0, batches_done)
 
     def batches(self) -> list[np.ndarray]:
         """This epoch's batches, for all ranks."""
@@ -108,12 +132,24 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         return batches[rank::world]
 
     def __iter__(self) -> Iterator[list[int]]:
-        for batch in self._rank_batches():
+        skip, self._skip = self._skip, 0
+        for batch in self._rank_batches()[skip:]:
             yield batch.tolist()
 
     def __len__(self) -> int:
         world, _ = _world()
         return -(-len(self.batches()) // world)
+
+
+class _EpochHandle:
+    """``batch_sampler.sampler``: Lightning calls ``set_epoch`` on a DataLoader's ``sampler`` and on its
+    ``batch_sampler.sampler``, never on the batch sampler itself; this forwards the call to it."""
+
+    def __init__(self, owner: BucketBatchSampler) -> None:
+        self.owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self.owner.set_epoch(epoch)
 
 
 def _world() -> tuple[int, int]:

@@ -78,8 +78,10 @@ class MlmCollator:
 
     ``fixed=True`` (validation) seeds each batch from its item indices, so the same tuning patients get the
     same masks at every validation run (and a batch that DDP sharding repeats gets the same masks again);
-    otherwise one generator runs on across batches and epochs, seeded per DDP rank and DataLoader worker so
-    that no two of them draw the same random stream.
+    otherwise each batch's masks are drawn from a generator seeded by (seed, DDP rank, epoch, the batch's
+    item indices): new masks every epoch, yet a function of the batch alone, so training resumed mid-epoch,
+    or run with DataLoader workers, draws exactly the masks of an uninterrupted run. The epoch comes from
+    :meth:`set_epoch` (the batch sampler calls it, see ``BucketBatchSampler.add_epoch_listener``).
     """
 
     def __init__(self, vocab_size: int, seed: int, fixed: bool = False, mask_prob: float = 0.15) -> None:
@@ -87,20 +89,20 @@ class MlmCollator:
         self.seed = seed
         self.fixed = fixed
         self.mask_prob = mask_prob
-        self.generator: torch.Generator | None = None
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
     def __call__(self, items: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
         batch = pad_batch(items)
+        indices = [int(item["index"]) for item in items]
         if self.fixed:
-            first = min(int(item["index"]) for item in items)
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + first)
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + min(indices))
         else:
-            if self.generator is None:
-                worker = torch.utils.data.get_worker_info()
-                offset = (worker.id + 1) * 7919 if worker else 0
-                offset += batching._world()[1] * 104_729  # DDP rank
-                self.generator = torch.Generator().manual_seed(self.seed + offset)
-            generator = self.generator
+            rank = batching._world()[1]
+            entropy = np.random.SeedSequence([self.seed, rank, self.epoch, *sorted(indices)])
+            generator = torch.Generator().manual_seed(int(entropy.generate_state(1, np.uint64)[0] >> np.uint64(1)))
         batch["token_ids"], batch["labels"] = mask_tokens(
             batch["token_ids"], self.vocab_size, generator, mask_prob=self.mask_prob
         )

@@ -5,6 +5,7 @@ CSV columns are always read as text: type guessing would turn the ICD-9 code ``2
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -45,14 +46,37 @@ def find_table(input_dir: Path, name: str, required: bool = True) -> list[Path]:
 
 
 def column_names(path: Path) -> list[str]:
-    """The columns of a CSV or Parquet file, without reading its rows."""
+    """The columns of a CSV or Parquet file, without reading its rows; a duplicated name stops (ambiguous)."""
     try:
         if path.name.endswith(".parquet"):
-            return list(pq.read_schema(path).names)
-        reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 16))
-        return list(reader.schema.names)
+            names = list(pq.read_schema(path).names)
+        else:
+            names = list(_open_csv(path).schema.names)
     except (pa.ArrowException, OSError) as err:
         raise InputSchemaError(f"{path}: cannot read the file: {_first_line(err)}") from err
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise InputSchemaError(
+            f"{path}: column '{twice}' appears {names.count(twice)} times (columns {names}; "
+            f"example row: {_first_row(path)}); rename or drop the duplicate"
+        )
+    return names
+
+
+def _open_csv(path: Path) -> pacsv.CSVStreamingReader:
+    return pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 16))
+
+
+def _first_row(path: Path) -> list[object]:
+    """The first row's values by position (works with duplicated column names), for error messages."""
+    try:
+        if path.name.endswith(".parquet"):
+            batch = next(pq.ParquetFile(path).iter_batches(batch_size=1), None)
+        else:
+            batch = _open_csv(path).read_next_batch()
+    except (pa.ArrowException, OSError, StopIteration):
+        return []
+    return [] if batch is None or not batch.num_rows else [_clip(first_value(c.slice(0, 1))) for c in batch.columns]
 
 
 def iter_batches(path: Path, columns: Sequence[str]) -> Iterator[pa.Table]:
@@ -64,7 +88,24 @@ def iter_batches(path: Path, columns: Sequence[str]) -> Iterator[pa.Table]:
     try:
         yield from _batches(path, columns)
     except pa.ArrowException as err:
-        raise InputSchemaError(f"{path}: cannot read the file: {_first_line(err)}") from err
+        raise InputSchemaError(f"{path}: cannot read the file: {_first_line(err)}{_bad_text(path, err)}") from err
+
+
+def _bad_text(path: Path, err: BaseException) -> str:
+    """For a CSV with bytes that are not UTF-8: the column by name and the first such line, as an example."""
+    found = re.search(r"CSV column #(\d+)", str(err))
+    if not found or "UTF8" not in str(err):
+        return ""
+    names = column_names(path)
+    index = int(found.group(1))
+    column = f" (column '{names[index]}')" if index < len(names) else ""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return f"{column}; example: line {number}: {line.rstrip()[:200]!r}; save the file as UTF-8"
+    return column
 
 
 def _batches(path: Path, columns: Sequence[str]) -> Iterator[pa.Table]:
@@ -116,7 +157,8 @@ def example_row(path: Path, row: int = 0) -> dict[str, object]:
     """Row ``row`` of a file as a dict, for error messages."""
     for table in iter_batches(path, column_names(path)):
         if row < table.num_rows:
-            return {k: v[0] for k, v in table.slice(row, 1).to_pydict().items()}
+            one = table.slice(row, 1)
+            return {name: _clip(first_value(one.column(i))) for i, name in enumerate(one.column_names)}
         row -= table.num_rows
     return {}
 
@@ -144,12 +186,51 @@ integer (example value: 250.0)
     if pa.types.is_null(t):
         ok = True
     if not ok:
-        present = array.drop_null()
-        first = present[0].as_py() if len(present) else None
+        first = first_value(array)
         expected = {"id": "text or integer", "code": "text or integer", "time": "an ISO date/datetime"}[allowed]
         raise InputSchemaError(
-            f"{path}: column '{column}' has type {t}, expected {expected} (example value: {first!r})"
+            f"{path}: column '{column}' has type {t}, expected {expected} (example value: {shown(first)})"
         )
+
+
+def first_value(array: pa.ChunkedArray | pa.Array) -> object:
+    """The first non-null value, for error messages; as text where Python cannot hold it (year 300000).
+
+    >>> first_value(pa.array([None, 7])), first_value(pa.array([2**62], pa.timestamp("us")))
+    (7, '<value out of range: 4611686018427387904>')
+    """
+    present = array.drop_null()
+    if not len(present):
+        return None
+    try:
+        return present[0].as_py()
+    except (OverflowError, ValueError):
+        return pc.cast(present.slice(0, 1), pa.string())[0].as_py()
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters (messages stay one short line).
+
+    >>> shown("E11"), shown("Z" * 500)
+    ("'E11'", "'ZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZ... (500 characters)")
+    """
+    return repr(_clip(value, limit))
+
+
+def _clip(value: object, limit: int = 60) -> object:
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        return _Clipped(value, limit)
+    return value
+
+
+class _Clipped:
+    """A long text shown by its start and its length."""
+
+    def __init__(self, value: str | bytes, limit: int) -> None:
+        self.value, self.limit = value, limit
+
+    def __repr__(self) -> str:
+        return f"{self.value[: self.limit - 1]!r}... ({len(self.value)} characters)"
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -264,7 +345,8 @@ def check_parse_rate(
     if present.sum() == 0 or failed.sum() / present.sum() <= limit:
         return
     row = int(np.flatnonzero(failed)[0])
+    example = shown(first_value(raw[row : row + 1]))
     raise InputSchemaError(
         f"{path}: column '{column}' is not in ISO date format (YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS): "
-        f"{failed.sum():,} of {present.sum():,} values do not parse (example row {row}: {raw[row].as_py()!r})"
+        f"{failed.sum():,} of {present.sum():,} values do not parse (example row {row}: {example})"
     )

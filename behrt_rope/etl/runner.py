@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
+from behrt_rope import atomic
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
 from behrt_rope.etl import descriptions
@@ -119,15 +120,13 @@ def run_etl(input_dir: Path, out_dir: Path, config: EtlConfig, progress: bool = 
         results.append(result)
     vocabulary = fit_vocabulary(pd.Series(train_counts, dtype="int64"), config.min_code_count)
 
-    tokens_dir = out_dir / S.TOKENS_DIR
-    shutil.rmtree(tokens_dir, ignore_errors=True)
-    tokens_dir.mkdir(parents=True)
     token_stats = []
-    for shard, result in enumerate(results):
-        structured = _unspill(tmp / f"{shard:05d}") if config.shards > 1 else result.structured
-        table = to_token_table(structured, vocabulary, result.splits)
-        pq.write_table(table, tokens_dir / f"part-{shard:05d}.parquet")
-        token_stats.append(_token_stats(table))
+    with atomic.atomic_dir(out_dir / S.TOKENS_DIR) as tokens_dir:
+        for shard, result in enumerate(results):
+            structured = _unspill(tmp / f"{shard:05d}") if config.shards > 1 else result.structured
+            table = to_token_table(structured, vocabulary, result.splits)
+            pq.write_table(table, tokens_dir / f"part-{shard:05d}.parquet")
+            token_stats.append(_token_stats(table))
 
     spilled = (
         [pd.read_parquet(tmp / f"{shard:05d}" / S.QUARANTINE_FILE) for shard in range(len(results))]
@@ -138,7 +137,8 @@ def run_etl(input_dir: Path, out_dir: Path, config: EtlConfig, progress: bool = 
     quarantine = quarantine.sort_values([S.SOURCE_TABLE, S.SOURCE_ROW], kind="stable")
     _write_quarantine(quarantine, out_dir / S.QUARANTINE_FILE)
     shutil.rmtree(tmp, ignore_errors=True)
-    pq.write_table(pa.Table.from_pandas(vocabulary, schema=S.VOCAB, preserve_index=False), out_dir / S.VOCAB_FILE)
+    with atomic.atomic_path(out_dir / S.VOCAB_FILE) as path:
+        pq.write_table(pa.Table.from_pandas(vocabulary, schema=S.VOCAB, preserve_index=False), path)
     named = descriptions.token_descriptions([r.descriptions for r in results], config, vocabulary)
     descriptions.write(named, out_dir / S.CODE_DESCRIPTIONS_FILE)
     manifest = build_manifest(results, vocabulary, token_stats, config, input_dir)
@@ -184,7 +184,8 @@ def _unspill(folder: Path) -> Structured:
 
 
 def _write_quarantine(quarantine: pd.DataFrame, path: Path) -> None:
-    pq.write_table(pa.Table.from_pandas(quarantine, schema=S.QUARANTINE, preserve_index=False), path)
+    with atomic.atomic_path(path) as tmp:
+        pq.write_table(pa.Table.from_pandas(quarantine, schema=S.QUARANTINE, preserve_index=False), tmp)
 
 
 def _token_stats(table: pa.Table) -> dict[str, Any]:

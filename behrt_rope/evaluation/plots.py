@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from behrt_rope import schema
+from behrt_rope import atomic, schema
 
 WIDTH_IN = 7.0
 DPI = 110
@@ -31,7 +31,8 @@ def _save(fig: Figure, path: str | Path) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(out, dpi=DPI, bbox_inches="tight", pad_inches=0.1)
+    with atomic.atomic_path(out) as tmp:
+        fig.savefig(tmp, format=out.suffix.lstrip(".") or "png", dpi=DPI, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     return out
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from behrt_rope import schema
+from behrt_rope import atomic, schema
 from behrt_rope.evaluation import plots
 from behrt_rope.evaluation.metrics import CI_LEVEL, percentile_interval
 
@@ -611,5 +611,5 @@ def write_report(out_dir: str | Path, model_name: str, sections: ReportInputs) -
     out.mkdir(parents=True, exist_ok=True)
     figures = _figures(sections, model_name, out / schema.PLOTS_DIR)
     path = out / schema.REPORT_FILE
-    path.write_text(render_html(sections, model_name, figures), encoding="utf-8")
+    atomic.write_text(path, render_html(sections, model_name, figures))
     return path

@@ -52,3 +52,12 @@ class TrainerConfig:
     progress_bar: bool = True
     limit_val_batches: float = 1.0
     """Share (<=1) or number (>1) of validation batches per check."""
+    checkpoint_every_n_steps: int = 0
+    """Save OUT/checkpoints/last.ckpt every this many optimizer steps (0: use checkpoint_every_minutes)."""
+    checkpoint_every_minutes: float = 5.0
+    """Save last.ckpt at least this often within an epoch (0: only at epoch ends), so a kill loses minutes,
+    not an epoch; `--resume last` continues mid-epoch exactly where the checkpoint was taken."""
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every_n_steps < 0 or self.checkpoint_every_minutes < 0:
+            raise ValueError("checkpoint_every_n_steps and checkpoint_every_minutes must be >= 0")

@@ -17,16 +17,25 @@ def make_loader(
     shuffle: bool,
     batch_size: int | None = None,
 ) -> torch.utils.data.DataLoader:
-    """Length-bucketed (and, for training, shuffled) batches of ``dataset`` (which has ``lengths``)."""
+    """Length-bucketed (and, for training, shuffled) batches of ``dataset`` (which has ``lengths``).
+
+    A collator with ``set_epoch`` follows the sampler's epoch (so its workers are not persistent: each
+    epoch's workers get the new epoch). The loader's own generator seeds its workers, so creating an
+    iterator draws nothing from torch's global random stream (which dropout uses): exact resume needs that.
+    """
     lengths = dataset.lengths  # type: ignore[attr-defined]
     bucket = cfg.bucket_size if shuffle else 1_000_000  # evaluation: one global sort, least padding
     sampler = BucketBatchSampler(lengths, batch_size or cfg.batch_size, bucket, shuffle, cfg.seed)
+    follows_epoch = hasattr(collate, "set_epoch")
+    if follows_epoch:
+        sampler.add_epoch_listener(collate.set_epoch)  # type: ignore[attr-defined]
     return torch.utils.data.DataLoader(
         dataset,
         batch_sampler=sampler,
         collate_fn=collate,
         num_workers=cfg.num_workers,
-        persistent_workers=cfg.num_workers > 0,
+        persistent_workers=cfg.num_workers > 0 and not follows_epoch,
+        generator=torch.Generator().manual_seed(cfg.seed),
     )
 
 

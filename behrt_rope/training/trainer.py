@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -13,9 +15,14 @@ from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger
 from pytorch_lightning.strategies import DDPStrategy, Strategy
 
 from behrt_rope import schema as S
+from behrt_rope.data.batching import BucketBatchSampler
+from behrt_rope.errors import UserError
+from behrt_rope.training.checkpoints import ExactResume, SafeCheckpointIO
 from behrt_rope.training.config import TrainerConfig
 
 log = logging.getLogger(__name__)
+# ExactResume restores the sampler's position itself; Lightning cannot see that and warns on every resume
+warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
 
 
 def resolve_precision(cfg: TrainerConfig) -> str:
@@ -41,8 +48,32 @@ def loggers(out_dir: Path) -> list[Logger]:
     return found
 
 
-def build_trainer(cfg: TrainerConfig, out_dir: Path, monitor: str | None, mode: str) -> pl.Trainer:
-    """Checkpoints ``checkpoints/best.ckpt`` (by ``monitor``) and ``checkpoints/last.ckpt``."""
+def periodic_checkpoint(cfg: TrainerConfig, out_dir: Path) -> ModelCheckpoint | None:
+    """``checkpoints/last.ckpt`` every N steps or minutes within epochs (None when both are 0)."""
+    if cfg.checkpoint_every_n_steps <= 0 and cfg.checkpoint_every_minutes <= 0:
+        return None
+    by_steps = cfg.checkpoint_every_n_steps > 0
+    return ModelCheckpoint(
+        dirpath=out_dir / S.CHECKPOINT_DIR,
+        save_last=True,
+        save_top_k=0,
+        every_n_train_steps=cfg.checkpoint_every_n_steps if by_steps else None,
+        train_time_interval=None if by_steps else timedelta(minutes=cfg.checkpoint_every_minutes),
+        enable_version_counter=False,
+    )
+
+
+def build_trainer(
+    cfg: TrainerConfig,
+    out_dir: Path,
+    monitor: str | None,
+    mode: str,
+    train_loader: torch.utils.data.DataLoader | None = None,
+) -> pl.Trainer:
+    """Checkpoints ``checkpoints/best.ckpt`` (by ``monitor``) and ``checkpoints/last.ckpt`` (at epoch ends
+    and every N steps or minutes), saved atomically and loaded without unpickling code. With the
+    ``train_loader`` (batched by a :class:`BucketBatchSampler`), checkpoints also carry what an exact
+    mid-epoch resume needs (:class:`~behrt_rope.training.checkpoints.ExactResume`)."""
     checkpoint = ModelCheckpoint(
         dirpath=out_dir / S.CHECKPOINT_DIR,
         filename=Path(S.BEST_CHECKPOINT).stem,
@@ -53,6 +84,12 @@ def build_trainer(cfg: TrainerConfig, out_dir: Path, monitor: str | None, mode: 
         enable_version_counter=False,
     )
     callbacks: list[pl.Callback] = [checkpoint, LearningRateMonitor(logging_interval="step")]
+    periodic = periodic_checkpoint(cfg, out_dir)
+    if periodic is not None:
+        callbacks.append(periodic)
+    sampler = getattr(train_loader, "batch_sampler", None)
+    if isinstance(sampler, BucketBatchSampler):
+        callbacks.append(ExactResume(sampler))
     if monitor and cfg.early_stopping_patience > 0:
         callbacks.append(EarlyStopping(monitor=monitor, mode=mode, patience=cfg.early_stopping_patience, strict=False))
     devices: int | str = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
@@ -76,6 +113,7 @@ def build_trainer(cfg: TrainerConfig, out_dir: Path, monitor: str | None, mode: 
         gradient_clip_val=cfg.gradient_clip or None,
         deterministic=cfg.deterministic,
         callbacks=callbacks,
+        plugins=[SafeCheckpointIO()],
         logger=loggers(out_dir),
         log_every_n_steps=cfg.log_every_n_steps,
         enable_progress_bar=cfg.progress_bar,
@@ -92,7 +130,5 @@ def resume_path(resume: str, out_dir: Path) -> str | None:
         return None
     path = out_dir / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT if resume == "last" else Path(resume)
     if not path.exists():
-        from behrt_rope.errors import UserError
-
         raise UserError(f"checkpoint to resume from not found: {path}")
     return str(path)

@@ -92,7 +92,7 @@ def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) 
     rule = resolve_visit_rule(meds, seen)
     notes["meds.visit_rule"] = rule if meds.visit_rule != "auto" else f"{rule} (auto)"
     patients, birth_ids = _patients(picked, notes)
-    events = _diagnoses(picked, styles, rule, birth_ids, notes, config.max_invalid_fraction)
+    events = _diagnoses(picked, styles, rule, birth_ids, notes, config.max_invalid_fraction, input_dir)
     all_subjects = np.unique(np.concatenate(subjects)) if subjects else np.zeros(0, dtype=object)
     notes["meds.subjects"] = len(all_subjects)
     notes["meds.subjects_without_birth"] = int((~np.isin(all_subjects, birth_ids)).sum())
@@ -161,7 +161,7 @@ def read_splits(input_dir: Path, shard: int, n_shards: int) -> pd.DataFrame | No
         row = int(np.flatnonzero(unknown)[0])
         raise InputSchemaError(
             f"{path}: column '{S.MEDS_SPLIT}' must hold {', '.join(S.SPLITS)}; "
-            f"{int(unknown.sum()):,} rows do not (example row {row}: {split[row]!r})"
+            f"{int(unknown.sum()):,} rows do not (example row {row}: {io.shown(split[row])})"
         )
     frame = pd.DataFrame({S.PATIENT_ID: ids, S.SPLIT: split})
     frame = frame[(frame[S.PATIENT_ID] != "") & (shard_of(ids, n_shards) == shard)]
@@ -307,6 +307,7 @@ def _diagnoses(
     birth_ids: np.ndarray,
     notes: dict[str, Any],
     max_invalid: float,
+    input_dir: Path,
 ) -> pd.DataFrame:
     """Canonical event rows of the diagnoses, with vocabulary, visit id and the missing_birth finding."""
     found = _combine(picked["diagnosis"])
@@ -342,7 +343,7 @@ def _diagnoses(
         mine = files == name
         if not pa.types.is_temporal(found[S.MEDS_TIME].type):
             io.check_parse_rate(
-                Path(str(name)), S.MEDS_TIME, found[S.MEDS_TIME].filter(pa.array(mine)), time[mine], max_invalid
+                input_dir / str(name), S.MEDS_TIME, found[S.MEDS_TIME].filter(pa.array(mine)), time[mine], max_invalid
             )
         frame = events_frame(
             ids[mine],
