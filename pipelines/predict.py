@@ -103,6 +103,7 @@ class Job:
     layout: str
     patient_id_type: str  # int64 or string as the input has it; '' until the first shard is read
     shards: int
+    out_dir: str = ""  # engine=ray: the folder the actors write their parts into
 
 
 def run(config: Config) -> Path:
