@@ -11,7 +11,11 @@ run on that cohort. In the same run, on the same patients and the same length-bu
   feed-forward, vocabulary) on the same padded batches, encoder only (needs the ``bench`` extra);
 - with a CPU or GPU that computes bf16 natively, ``ours_model_only_bf16`` and the ranking check.
 
-    python benchmarks/predict_throughput.py [--patients 50000] [--device cpu]
+    python benchmarks/predict_throughput.py [--patients 50000] [--device cpu] [--threads N]
+
+Each variant reports wall seconds and CPU seconds of this process (all its threads): on a shared machine
+patients per CPU second with ``--threads 1`` is the steady per-core figure. ``ours_model_only`` is also
+timed at the other ``--compare-batch-tokens``.
 
 Prints one JSON object.
 """
@@ -24,6 +28,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +52,9 @@ from synthetic_data.generator import SynthConfig, generate
 N_LABELS = 80
 
 
-def build_model_dir(root: Path, patients: int, seed: int) -> tuple[Path, Path]:
-    """A synthetic cohort on disk and a (random-weight) fine-tuned model bundle over its vocabulary."""
+def build_model_dir(root: Path, patients: int, seed: int, **model: Any) -> tuple[Path, Path]:
+    """A synthetic cohort on disk and a (random-weight) fine-tuned model bundle over its vocabulary;
+    ``model``: ModelConfig fields other than the default's."""
     raw = root / "raw"
     raw.mkdir()
     p, e = generate(SynthConfig(patients=patients, seed=seed))
@@ -58,7 +64,7 @@ def build_model_dir(root: Path, patients: int, seed: int) -> tuple[Path, Path]:
     run_etl(raw, root / "etl", etl_config, progress=False)
     vocab = load_vocabulary(root / "etl")["token"].tolist()
     torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=len(vocab))
+    config = ModelConfig(vocab_size=len(vocab), **model)
     model = BehrtForMultiLabel(config, N_LABELS)
     labels = list(range(S.N_SPECIAL, S.N_SPECIAL + N_LABELS))
     model_dir = root / "model"
@@ -78,14 +84,15 @@ def build_model_dir(root: Path, patients: int, seed: int) -> tuple[Path, Path]:
     return raw, model_dir
 
 
-def time_it(fn: Callable[[], Any], repeat: int) -> float:
-    """Best wall time of ``repeat`` runs (seconds)."""
-    best = float("inf")
+def time_it(fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    """Best wall time and best CPU time (this process, all threads) of ``repeat`` runs, in seconds."""
+    wall, cpu = float("inf"), float("inf")
     for _ in range(repeat):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         fn()
-        best = min(best, time.perf_counter() - started)
-    return best
+        wall = min(wall, time.perf_counter() - started)
+        cpu = min(cpu, time.process_time() - started_cpu)
+    return wall, cpu
 
 
 def hf_roformer(config: ModelConfig) -> Callable[[Sequences, int], None]:
@@ -117,21 +124,32 @@ def hf_roformer(config: ModelConfig) -> Callable[[Sequences, int], None]:
     return run
 
 
-def rate(n: int, seconds: float) -> dict[str, float]:
-    return {"seconds": round(seconds, 3), "patients_per_second": round(n / seconds)}
+def rate(n: int, times: tuple[float, float]) -> dict[str, float]:
+    """Patients per wall second and per CPU second (the steadier figure on a shared machine)."""
+    wall, cpu = times
+    return {
+        "seconds": round(wall, 3),
+        "patients_per_second": round(n / wall),
+        "cpu_seconds": round(cpu, 3),
+        "patients_per_cpu_second": round(n / cpu),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--patients", type=int, default=50000)
     parser.add_argument("--baseline-patients", type=int, default=5000, help="patients for the previous scorer")
-    parser.add_argument("--batch-tokens", type=int, default=32768)
+    parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument("--compare-batch-tokens", type=int, nargs="*", default=[32768], help="other batch sizes")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads; 0: torch's default")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     result: dict[str, Any] = {"device": str(device), "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -152,13 +170,22 @@ def main() -> None:
             load_average_1m_start=round(os.getloadavg()[0], 2),
         )
         config = predict.Config(
-            model=str(model_dir), input=str(raw), out=str(root / "pred.parquet"), device=args.device, progress=False
+            model=str(model_dir),
+            input=str(raw),
+            out=str(root / "pred.parquet"),
+            device=args.device,
+            progress=False,
+            batch_tokens=args.batch_tokens,
         )
         result["ours_end_to_end"] = rate(n, time_it(lambda: predict.run(config), args.repeat))
         result["ours_end_to_end"]["includes"] = "read CSV, ETL with the model's settings, scoring, write Parquet"
         result["ours_end_to_end"]["shards"] = json.loads((root / "pred.summary.json").read_text())["shards"]
         fp32 = Scorer(model, device, "fp32", args.batch_tokens)
         result["ours_model_only"] = rate(n, time_it(lambda: fp32.score(seqs), args.repeat))
+        result["ours_model_only"]["batch_tokens"] = args.batch_tokens
+        for tokens in args.compare_batch_tokens:
+            other = Scorer(model, device, "fp32", tokens).score
+            result[f"ours_model_only_batch_tokens_{tokens}"] = rate(n, time_it(partial(other, seqs), args.repeat))
         subset = seqs.select(np.arange(min(args.baseline_patients, n)))
         result["baseline_previous_scorer"] = rate(len(subset), time_it(lambda: score(model, subset, device=device), 1))
         result["baseline_previous_scorer"]["patients"] = len(subset)

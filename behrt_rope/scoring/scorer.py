@@ -25,7 +25,7 @@ class Scorer:
         model: BehrtForMultiLabel,
         device: torch.device,
         precision: Precision = "auto",
-        max_tokens: int = 32768,
+        max_tokens: int = 4096,
         max_batch: int = 1024,
     ) -> None:
         self.model = model.eval().to(device)
