@@ -7,6 +7,7 @@ default settings (shards sized by ``shard_rows``) and, as the named baseline, wi
 whole input in memory at once, as ``predict`` worked before) for the sizes given to ``--baseline``.
 
     python benchmarks/predict_memory.py [--patients 20000 200000] [--baseline 20000 60000] [--small-model]
+                                       [--shard-rows N]
 
 Prints one JSON object.
 """
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("--patients", type=int, nargs="+", default=[20000, 200000])
     parser.add_argument("--baseline", type=int, nargs="*", default=[20000, 60000])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shard-rows", type=int, default=0, help="predict's shard_rows; 0: its default")
     parser.add_argument(
         "--small-model", action="store_true", help="hidden 32, 1 layer: same data path, scoring 10x+ faster"
     )
@@ -67,7 +69,8 @@ def main() -> None:
             row = {"patients": n, "events": len(e)}
             del e
             if n in args.patients:
-                row["ours"] = run_predict(model_dir, raw, root / "pred.parquet")
+                sized = [f"shard_rows={args.shard_rows}"] if args.shard_rows else []
+                row["ours"] = run_predict(model_dir, raw, root / "pred.parquet", *sized)
                 row["ours"]["shards"] = json.loads((root / "pred.summary.json").read_text())["shards"]
             if n in args.baseline:
                 row["baseline_shards_1"] = run_predict(model_dir, raw, root / "pred.parquet", "shards=1")
