@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) "torch==2.13.0"
-	$(PIP) -e ".[dev]"
+	$(PIP) -e ".[dev,ray]"  # the Ray engine's tests run in `make test`
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -103,8 +104,8 @@ def stage(out_dir: str | Path, resolved: Any, name: str) -> Iterator[Path]:
 
 @contextmanager
 def file_output(out: str | Path, related: Iterable[str | Path] = ()) -> Iterator[Path]:
-    """Lock a single-file output (``.OUT.lock`` beside it) and remove it and its ``related`` files first,
-    with any temporary files an interrupted run left for them.
+    """Lock a single-file output (``.OUT.lock`` beside it) and remove it (a file, or a folder of parts) and
+    its ``related`` files first, with any temporary files an interrupted run left for them.
 
     The caller writes ``related`` files (sidecars) and then ``out`` itself, atomically and last, so that
     ``out`` exists only when everything it goes with is complete.
@@ -113,7 +114,10 @@ def file_output(out: str | Path, related: Iterable[str | Path] = ()) -> Iterator
     path.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(path.with_name(f".{path.name}.lock"), path):
         for file in (path, *map(Path, related)):
-            file.unlink(missing_ok=True)
+            if file.is_dir() and not file.is_symlink():
+                shutil.rmtree(file)
+            else:
+                file.unlink(missing_ok=True)
             atomic.remove_partials_of(file)
         yield path
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
+from behrt_rope.engine.config import RayConfig
 from behrt_rope.errors import UserError
 from behrt_rope.etl import diagnostics
 from behrt_rope.etl.config import EtlConfig
@@ -27,7 +29,10 @@ class Config:
     """Redo the work even if OUT already holds a finished run of the same configuration."""
     progress: bool = True
     """Show progress bars."""
+    engine: Literal["local", "ray"] = "local"
+    """local: shards one after another in this process; ray: shards in parallel on Ray (`behrt-rope[ray]`)."""
     etl: EtlConfig = field(default_factory=EtlConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 def run(config: Config) -> Path:
@@ -41,7 +46,12 @@ def run(config: Config) -> Path:
         log.info("etl: %s already holds this run; skipping (overwrite=true to redo)", out_dir)
         return out_dir
     with stage(out_dir, config, "etl") as out:
-        manifest = run_etl(input_dir, out, config.etl, progress=config.progress)
+        if config.engine == "ray":
+            from behrt_rope.engine.ray_etl import run_etl_on_ray
+
+            manifest = run_etl_on_ray(input_dir, out, config.etl, config.ray)
+        else:
+            manifest = run_etl(input_dir, out, config.etl, progress=config.progress)
         write_json(out / S.MANIFEST_FILE, manifest)  # written before the checks, to inspect a failed run
         write_json(
             out / S.ETL_SETTINGS_FILE,

@@ -1,17 +1,27 @@
 """``behrt-rope predict``: raw histories in any supported format -> per-patient risk of every label code.
 
-Next to ``OUT.parquet`` it writes ``OUT.summary.json`` (patients scored and not scored, unknown codes,
-rejected rows), ``OUT.unscored.parquet`` (each patient without a usable history and why),
-``OUT.quarantine.parquet`` and ``OUT.config.yaml``. ``OUT.parquet`` is written last, through a temporary
-name, so it exists only once every file beside it is complete; a second run writing the same ``OUT``
-stops at once (lock file ``.OUT.parquet.lock``).
+The input is scored patient shard by patient shard (a hash of the patient id picks the shard), so memory
+holds one shard, not the population; predictions are appended to the Parquet file as row groups. With
+``engine=ray`` the shards are scored by a pool of Ray actors and ``OUT`` is a directory of Parquet parts.
+``layout=meds`` writes a folder of meds-evaluation files, one per label code; it collects every shard's
+predictions first (about 30 bytes per patient and label code), so only the long layout is memory-bounded.
+
+Next to ``OUT`` it writes ``OUT.summary.json`` (patients scored and not scored, unknown codes, rejected
+rows), ``OUT.unscored.parquet`` (each patient without a usable history and why), ``OUT.quarantine.parquet``
+and ``OUT.config.yaml``. ``OUT`` is written under a temporary name and renamed into place last, so it exists
+only once every file beside it is complete; a second run writing the same ``OUT`` stops at once (lock file
+``.OUT.lock``).
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
+import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,22 +29,22 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm.auto import tqdm
 
+from behrt_rope import atomic
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
-from behrt_rope import atomic
-from behrt_rope.data.sequences import Sequences, from_table
+from behrt_rope.engine.config import RayConfig
 from behrt_rope.errors import UserError
 from behrt_rope.etl.config import EtlConfig
-from behrt_rope.etl.readers import reader_for
-from behrt_rope.etl.runner import process_shard
-from behrt_rope.etl.tokenize import to_token_table
 from behrt_rope.evaluation import meds_predictions
+from behrt_rope.scoring.precision import Precision
+from behrt_rope.scoring.shard import Prepared, n_shards, predictions_schema, predictions_table, prepare_shard
 from behrt_rope.stage import file_output, write_json
 from behrt_rope.training.bundle import load_bundle
-from behrt_rope.training.inference import multilabel_model, resolve_device, score
 
 log = logging.getLogger("behrt_rope.predict")
+ROW_GROUP_ROWS = 1 << 20  # rows per Parquet row group of the predictions file
 UNKNOWN_WARNING_SHARE = 0.5  # above this share of code events unseen in training, predict warns
 
 
@@ -45,37 +55,76 @@ class Config:
     input: str = ""
     """Directory with the raw tables to score."""
     out: str = ""
-    """Predictions Parquet file."""
+    """Predictions Parquet file (with engine=ray: a directory of Parquet parts)."""
     format: Literal["", "visits", "meds", "omop"] = ""
     """Input layout; empty: the layout the model was trained from."""
     layout: Literal["long", "meds"] = "long"
-    """long: one row per patient and code (SPEC); meds: OUT is a folder of MEDS prediction files, one per
-    label code (meds-evaluation's PredictionSchema), with index.json mapping codes to files."""
+    """long: one row per patient and code (SPEC), streamed; meds: OUT is a folder of MEDS prediction files, one
+    per label code (meds-evaluation's PredictionSchema), with index.json mapping codes to files (held in memory
+    whole before writing)."""
     etl: Any = None
     """Reader settings, the same keys as `behrt-rope etl` (etl.meds.*, etl.omop.*, ...), applied over the
     model's saved ETL settings: e.g. etl.omop.vocabulary=SNOMED to score OMOP without a concept table."""
-    batch_size: int = 256
-    """Patients per forward pass."""
+    batch_size: int = 1024
+    """Most patients per forward pass."""
+    batch_tokens: int = 4096
+    """Most padded tokens per forward pass; patients of similar length are batched together. Small batches keep
+    the activations in the CPU's caches (4096 scored 1.6x faster per core than 32768, docs/benchmarks.md)."""
+    precision: Precision = "auto"
+    """auto: bf16 where the CPU or GPU computes it natively, else fp32."""
+    shards: int = 0
+    """Patient shards scored one after another (memory holds one); 0: one per shard_rows input rows."""
+    shard_rows: int = 1_000_000
+    """Input rows (all tables) per shard when shards=0; CSV rows are estimated from the file size."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to run the model; auto picks a GPU when there is one."""
     progress: bool = True
     """Show a progress bar."""
+    engine: Literal["local", "ray"] = "local"
+    """local: this process; ray: a pool of Ray actors (needs `pip install behrt-rope[ray]`)."""
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.batch_tokens < 1 or self.shard_rows < 1 or self.shards < 0:
+            raise ValueError("batch_size, batch_tokens and shard_rows must be >= 1, shards >= 0")
 
 
 @dataclass
-class Prepared:
-    """Token streams of the scorable patients and an account of everything else."""
+class Tally:
+    """What the shards add up to, for the summary and the sidecar files."""
 
-    seqs: Sequences
-    unscored: pd.DataFrame  # PATIENT_ID, REASON
-    unknown_codes: Counter[str]
-    code_events: int  # code tokens of the scored histories, known or not
-    quarantine: pd.DataFrame
-    patient_id_type: str
+    patients_scored: int = 0
+    unscored: list[pd.DataFrame] = field(default_factory=list)
+    quarantine: list[pd.DataFrame] = field(default_factory=list)
+    unknown_codes: Counter[str] = field(default_factory=Counter)
+    code_events: int = 0  # code tokens of the scored histories, known or not
+
+    def add(
+        self, scored: int, unscored: pd.DataFrame, quarantine: pd.DataFrame, unknown: Counter[str], code_events: int
+    ) -> None:
+        self.patients_scored += scored
+        self.unscored.append(unscored)
+        self.quarantine.append(quarantine)
+        self.unknown_codes.update(unknown)
+        self.code_events += code_events
+
+
+@dataclass
+class Job:
+    """Everything a shard needs besides its number; plain values, so that Ray can ship it to its actors."""
+
+    model_dir: str
+    input_dir: str
+    etl: EtlConfig
+    vocab: pd.DataFrame  # token_id, token
+    labels: list[str]
+    patient_id_type: str  # int64 or string as the input has it; '' until the first shard is read
+    shards: int
+    out_dir: str = ""  # engine=ray: the folder the actors write their parts into
 
 
 def run(config: Config) -> Path:
-    """Score every patient of ``config.input``; returns the predictions file."""
+    """Score every patient of ``config.input``; returns the predictions file (or directory)."""
     if not (config.model and config.input and config.out):
         raise UserError("predict needs --model FINETUNE_DIR, --input DIR and --out FILE.parquet")
     input_dir, out = Path(config.input), Path(config.out)
@@ -86,24 +135,42 @@ def run(config: Config) -> Path:
 
 
 def _predict(config: Config, input_dir: Path, out: Path) -> Path:
-    """Load the model, prepare and score the input, write the sidecars and then ``out`` (last)."""
+    """Load the model, score every shard, write the sidecars and then ``out`` (renamed into place last)."""
+    started = time.perf_counter()
     bundle = load_bundle(config.model, "multilabel")
     etl = _etl_config(bundle, config.format, config.etl)
-    vocab = pd.DataFrame({"token_id": np.arange(len(bundle["vocab"]), dtype=np.int32), "token": bundle["vocab"]})
-    prepared = prepare(input_dir, etl, vocab)
-    model = multilabel_model(bundle)
-    device = resolve_device(config.device)
-    log.info("predict: scoring %d patients on %s", len(prepared.seqs), device)
-    probs = score(model, prepared.seqs, batch_size=config.batch_size, device=device, progress=config.progress)
-    table = _predictions(prepared, bundle["labels"], probs)
-    _write_sidecars(out, config, prepared, etl, bundle["labels"])
-    # last: the predictions exist only when everything else is written
+    job = Job(
+        model_dir=config.model,
+        input_dir=str(input_dir),
+        etl=etl,
+        vocab=pd.DataFrame({"token_id": np.arange(len(bundle["vocab"]), dtype=np.int32), "token": bundle["vocab"]}),
+        labels=list(bundle["labels"]),
+        patient_id_type="",
+        shards=n_shards(input_dir, config.shards, config.shard_rows),
+    )
+    log.info("predict: %s engine, %d shard(s), layout %s", config.engine, job.shards, config.layout)
+
+    def finish(tally: Tally) -> None:
+        _write_sidecars(out, config, tally, etl, job.labels, job.shards, time.perf_counter() - started)
+
     if config.layout == "meds":  # a folder: one meds-evaluation file per label code, and an index
         with atomic.atomic_dir(out) as tmp:
+            table, tally = _collect(job, config, bundle, out)
             meds_predictions.write(table, tmp)
-    else:
+            finish(tally)
+    elif config.engine == "ray":  # a folder of parts, one per shard
+        from behrt_rope.engine.ray_predict import predict_on_ray
+
+        with atomic.atomic_dir(out) as tmp:
+            finish(predict_on_ray(job, config, tmp))
+    else:  # one Parquet file, a row group per shard
         with atomic.atomic_path(out) as tmp:
-            pq.write_table(table, tmp)
+            writer = _ParquetSink(tmp)
+            try:
+                tally = _predict_local(job, config, bundle, writer.write)
+            finally:
+                writer.close()
+            finish(tally)
     return out
 
 
@@ -119,6 +186,7 @@ def _etl_config(bundle: dict[str, Any], fmt: str, overrides: Any) -> EtlConfig:
     """The model's own ETL settings (code mapping, truncation, max length), with the reader settings given
     to predict (``etl.*``, and the input format) merged over them; unknown keys stop with a suggestion."""
     saved = dict(bundle.get("etl_settings", {}).get("etl", {}))
+    saved.pop("shards", None)  # predict picks its own
     given = overrides if overrides is not None else {}
     if not isinstance(given, dict):
         raise UserError(f"predict: etl must be a mapping of reader settings (etl.meds.visit_rule=...), got {given!r}")
@@ -127,99 +195,124 @@ def _etl_config(bundle: dict[str, Any], fmt: str, overrides: Any) -> EtlConfig:
     return config_lib.build(EtlConfig, config_lib.merge(saved, given), prefix="etl.")
 
 
-def prepare(input_dir: Path, etl: EtlConfig, vocab: pd.DataFrame) -> Prepared:
-    """Read, clean and tokenise the input with the model's settings and vocabulary."""
-    read = reader_for(etl.format)
-    tables, unscored, quarantines = [], [], []
-    unknown: Counter[str] = Counter()
-    code_events = 0
-    id_types = set()
-    known = set(vocab["token"])
-    for shard in range(etl.shards):
-        raw = read(input_dir, etl, shard, etl.shards)
-        id_types.add(raw.patient_id_type)
-        result = process_shard(raw, etl)
-        structured = result.structured
-        tokens = structured.codes["token"].to_numpy(dtype=object)
-        unknown.update(t for t in tokens[~np.isin(tokens, list(known))])
-        code_events += len(tokens)
-        tables.append(to_token_table(structured, vocab, np.full(len(structured.patients), "", dtype=object)))
-        quarantines.append(result.quarantine)
-        unscored.append(_unscored(raw.patients, raw.events, structured.patients, result.quarantine))
-    table = pa.concat_tables(tables)
-    return Prepared(
-        seqs=from_table(table),
-        unscored=pd.concat(unscored, ignore_index=True),
-        unknown_codes=unknown,
-        code_events=code_events,
-        quarantine=pd.concat(quarantines, ignore_index=True),
-        patient_id_type="int64" if id_types == {"int64"} else "string",
-    )
+def score_prepared(job: Job, prepared: Prepared, scorer: Any) -> pa.Table:
+    """One prepared shard scored and laid out as predictions (long layout)."""
+    probs = scorer.score(prepared.seqs)  # (N, L)
+    job.patient_id_type = job.patient_id_type or prepared.patient_id_type  # one schema for every shard
+    return predictions_table(prepared.seqs.patients, job.labels, probs, job.patient_id_type)
 
 
-def _unscored(
-    patients: pd.DataFrame, events: pd.DataFrame, scored: pd.DataFrame, quarantine: pd.DataFrame
-) -> pd.DataFrame:
-    """Every patient id seen in the input but not scored, with the reason."""
-    seen = pd.unique(np.concatenate([patients[S.PATIENT_ID].to_numpy(object), events[S.PATIENT_ID].to_numpy(object)]))
-    missing = np.setdiff1d(np.asarray([s for s in seen if s != ""], dtype=str), scored[S.PATIENT_ID].to_numpy(str))
-    reasons = (
-        quarantine[quarantine[S.PATIENT_ID].isin(missing)]
-        .groupby(S.PATIENT_ID)[S.REASON]
-        .agg(lambda r: ",".join(sorted(set(r))))
-    )
-    frame = pd.DataFrame({S.PATIENT_ID: missing})
-    frame[S.REASON] = reasons.reindex(missing).fillna("no_events").to_numpy()
-    return frame
+class _ParquetSink:
+    """Appends tables to one Parquet file as row groups; the file is opened with the first table's schema."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.writer: pq.ParquetWriter | None = None
+
+    def write(self, table: pa.Table) -> None:
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.path, table.schema)
+        self.writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
 
-def _predictions(prepared: Prepared, labels: list[str], probs: np.ndarray) -> pa.Table:
-    """The predictions table in the long layout (SPEC)."""
-    patients = prepared.seqs.patients
-    ids = patients[S.PATIENT_ID].to_numpy(dtype=object)
-    id_array = pa.array(ids.astype(np.int64) if prepared.patient_id_type == "int64" else ids.astype(str))
-    times = pa.array(patients[S.LAST_EVENT_TIME].to_numpy("datetime64[us]"), pa.timestamp("us"))
-    n, n_labels = probs.shape
-    repeat = np.repeat(np.arange(n), n_labels)
-    return pa.table(
-        {
-            S.PATIENT_ID: id_array.take(pa.array(repeat)),
-            S.PREDICTION_TIME: times.take(pa.array(repeat)),
-            S.CODE: pa.array(np.tile(np.asarray(labels, dtype=object), n), pa.string()),
-            S.PROBABILITY: pa.array(probs.reshape(-1).astype(np.float64)),
-        }
-    )
+def _predict_local(job: Job, config: Config, bundle: dict[str, Any], sink: Callable[[pa.Table], None]) -> Tally:
+    """Shards in order, each shard's predictions handed to ``sink``; the next shard is read and tokenised in
+    a thread while this one is scored."""
+    from behrt_rope.scoring.scorer import Scorer
+    from behrt_rope.training.inference import multilabel_model, resolve_device
+
+    device = resolve_device(config.device)
+    scorer = Scorer(multilabel_model(bundle), device, config.precision, config.batch_tokens, config.batch_size)
+    log.info("predict: scoring on %s in %s", device, str(scorer.dtype).removeprefix("torch."))
+    tally = Tally()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending: Future[Prepared] = pool.submit(_prepare, job, 0)
+        for shard in tqdm(range(job.shards), desc="predict: shards", disable=not config.progress or job.shards == 1):
+            prepared = pending.result()
+            if shard + 1 < job.shards:
+                pending = pool.submit(_prepare, job, shard + 1)
+            sink(score_prepared(job, prepared, scorer))
+            tally.add(
+                len(prepared.seqs), prepared.unscored, prepared.quarantine, prepared.unknown_codes, prepared.code_events
+            )
+            del prepared
+    return tally
 
 
-def _write_sidecars(out: Path, config: Config, prepared: Prepared, etl: EtlConfig, labels: list[str]) -> None:
-    n_labels = len(labels)
+def _collect(job: Job, config: Config, bundle: dict[str, Any], out: Path) -> tuple[pa.Table, Tally]:
+    """Every shard's predictions in one long table (for layout=meds), on either engine."""
+    if config.engine == "ray":
+        from behrt_rope.engine.ray_predict import predict_on_ray
+
+        # parts in a temporary folder beside OUT, named so that a rerun clears what a killed run left
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}{atomic.PARTIAL_MARK}parts-", dir=out.parent) as parts:
+            tally = predict_on_ray(job, config, Path(parts))
+            files = sorted(Path(parts).glob("part-*.parquet"))
+            table = pa.concat_tables([pq.read_table(f) for f in files]) if files else None
+    else:
+        tables: list[pa.Table] = []
+        tally = _predict_local(job, config, bundle, tables.append)
+        table = pa.concat_tables(tables) if tables else None
+    if table is None:
+        table = predictions_schema(job.patient_id_type or "string").empty_table()
+    return table, tally
+
+
+def _prepare(job: Job, shard: int) -> Prepared:
+    return prepare_shard(Path(job.input_dir), job.etl, job.vocab, shard, job.shards)
+
+
+def _write_sidecars(
+    out: Path, config: Config, tally: Tally, etl: EtlConfig, labels: list[str], shards: int, seconds: float
+) -> None:
+    """The unscored patients, the quarantine, the resolved config and the summary, each written atomically."""
     stem = out.with_suffix("")
+    unscored = pd.concat(tally.unscored, ignore_index=True) if tally.unscored else pd.DataFrame()
+    if unscored.empty:
+        unscored = pd.DataFrame({S.PATIENT_ID: pd.Series(dtype=object), S.REASON: pd.Series(dtype=object)})
+    unscored = unscored.sort_values(S.PATIENT_ID, kind="stable", ignore_index=True)
+    quarantine = pd.concat(tally.quarantine, ignore_index=True) if tally.quarantine else pd.DataFrame()
+    quarantine = (
+        quarantine.sort_values([S.SOURCE_TABLE, S.SOURCE_ROW], kind="stable") if len(quarantine) else quarantine
+    )
     with atomic.atomic_path(f"{stem}.unscored.parquet") as tmp:
-        pq.write_table(pa.Table.from_pandas(prepared.unscored, preserve_index=False), tmp)
+        pq.write_table(pa.Table.from_pandas(unscored, preserve_index=False), tmp)
     with atomic.atomic_path(f"{stem}.quarantine.parquet") as tmp:
-        pq.write_table(pa.Table.from_pandas(prepared.quarantine, schema=S.QUARANTINE, preserve_index=False), tmp)
+        pq.write_table(
+            pa.Table.from_pandas(quarantine, schema=S.QUARANTINE, preserve_index=False)
+            if len(quarantine)
+            else S.QUARANTINE.empty_table(),
+            tmp,
+        )
     config_lib.save(config, f"{stem}.config.yaml")
-    unknown_events = sum(prepared.unknown_codes.values())
+    unknown_events = sum(tally.unknown_codes.values())
     summary = {
         "predictions": str(out),
-        "patients_scored": len(prepared.seqs),
-        "patients_not_scored": len(prepared.unscored),
-        "not_scored_reasons": dict(Counter(prepared.unscored[S.REASON])),
-        "label_codes": n_labels,
+        "patients_scored": tally.patients_scored,
+        "patients_not_scored": len(unscored),
+        "not_scored_reasons": dict(Counter(unscored[S.REASON])),
+        "label_codes": len(labels),
         "unknown_code_events": unknown_events,
-        "unknown_distinct_codes": len(prepared.unknown_codes),
-        "unknown_codes_top": dict(prepared.unknown_codes.most_common(20)),
-        "code_events": prepared.code_events,
-        "rows_quarantined": dict(Counter(prepared.quarantine[S.REASON])),
+        "unknown_distinct_codes": len(tally.unknown_codes),
+        "unknown_codes_top": dict(tally.unknown_codes.most_common(20)),
+        "code_events": tally.code_events,
+        "rows_quarantined": dict(Counter(quarantine[S.REASON])) if len(quarantine) else {},
         "input_format": etl.format,
+        "engine": config.engine,
+        "shards": shards,
+        "seconds": round(seconds, 3),
     }
     write_json(Path(f"{stem}.summary.json"), summary)
-    if prepared.code_events and unknown_events > UNKNOWN_WARNING_SHARE * prepared.code_events:
+    if tally.code_events and unknown_events > UNKNOWN_WARNING_SHARE * tally.code_events:
         log.warning(
             "predict: %.0f%% of code events have codes the model never saw (most frequent: %s; the model's "
             "codes look like %s); are the reader settings (etl.*) naming codes the way training did?",
-            100 * unknown_events / prepared.code_events,
-            ", ".join(t for t, _ in prepared.unknown_codes.most_common(3)),
+            100 * unknown_events / tally.code_events,
+            ", ".join(t for t, _ in tally.unknown_codes.most_common(3)),
             ", ".join(labels[:3]),
         )
     log.info(
@@ -228,5 +321,5 @@ def _write_sidecars(out: Path, config: Config, prepared: Prepared, etl: EtlConfi
         summary["patients_not_scored"],
         summary["not_scored_reasons"] or "none",
         unknown_events,
-        len(prepared.unknown_codes),
+        len(tally.unknown_codes),
     )

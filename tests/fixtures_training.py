@@ -63,3 +63,13 @@ def pretrain_argv(data: Path, out: Path, *overrides: str, max_epochs: int = 1) -
 def read_metrics(out: Path) -> dict[str, Any]:
     """A stage's ``metrics.json``."""
     return json.loads((out / S.METRICS_FILE).read_text())
+
+
+def build_finetuned(root: Path, patients: int = 160, seed: int = 0, *overrides: str) -> tuple[Path, Path]:
+    """Cohort + ETL + a 1-epoch tiny ``finetune`` (no pre-training); returns (raw input dir, model dir)."""
+    etl = build_etl(root, patients, seed)
+    model = root / "ft"
+    argv = ["finetune", "--data", str(etl), "--out", str(model), "--max-epochs", "1", "task.min_label_count=2"]
+    status = main([*argv, *TINY_MODEL, *FAST_TRAINER, *overrides])
+    assert status == 0, "fine-tuning the tiny model failed"
+    return root / "raw", model

@@ -80,7 +80,7 @@ def assert_same_etl(out: Path, ref: Path) -> None:
     assert names == {p.relative_to(ref) for p in ref.rglob("*")}  # nothing left over, nothing missing
 
 
-# 7 renames: tokens/, quarantine, vocabulary, manifest, ETL settings, config.yaml, .done
+# 7 renames: tokens/part-00000 (one shard), quarantine, vocabulary, manifest, ETL settings, config.yaml, .done
 @pytest.mark.parametrize("when", ["rename:1", "rename:4", "file:.done"])
 def test_killed_etl_is_refused_then_rerun_gives_identical_outputs(
     cohort: tuple[Path, Path], tmp_path: Path, when: str, capsys: pytest.CaptureFixture[str]

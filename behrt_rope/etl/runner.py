@@ -52,6 +52,7 @@ class ShardResult:
     patient_id_type: str = "string"
     filtered_prefixes: Counter[str] = field(default_factory=Counter)
     descriptions: pd.DataFrame | None = None  # raw CODE, CODE_SYSTEM, DESCRIPTION rows from the reader
+    train_counts: Counter[str] = field(default_factory=Counter)  # per token, train-split visits holding it
 
 
 def process_shard(raw: RawTables, config: EtlConfig) -> ShardResult:
@@ -108,31 +109,62 @@ def _counts(
 def run_etl(input_dir: Path, out_dir: Path, config: EtlConfig, progress: bool = True) -> dict[str, Any]:
     """Run the whole ETL from ``input_dir`` into ``out_dir``; return the manifest (also written)."""
     started = time.perf_counter()
-    read = reader_for(config.format)
+    clear_outputs(out_dir)
+    tmp = out_dir / TMP_DIR if config.shards > 1 else None
+    shards = range(config.shards)
+    results = [
+        read_shard(input_dir, config, shard, config.shards, tmp)
+        for shard in tqdm(shards, desc="etl: reading shards", disable=not progress or config.shards == 1)
+    ]
+    vocabulary = fit_vocabulary(sum_train_counts(results), config.min_code_count)
+    token_stats = [write_shard_tokens(result, vocabulary, shard, out_dir, tmp) for shard, result in enumerate(results)]
+    manifest = finish_etl(results, vocabulary, token_stats, config, input_dir, out_dir)
+    manifest["seconds"] = round(time.perf_counter() - started, 3)
+    return manifest
+
+
+def read_shard(input_dir: Path, config: EtlConfig, shard: int, n_shards: int, tmp: Path | None) -> ShardResult:
+    """First pass over one patient shard: read, clean, structure, count train codes; with ``tmp``, move its
+    tables to ``tmp/NNNNN`` so that only counts stay in memory."""
+    result = process_shard(reader_for(config.format)(input_dir, config, shard, n_shards), config)
+    result.train_counts = _train_token_counts(result)
+    if tmp is not None:
+        _spill(result, tmp / f"{shard:05d}")
+    return result
+
+
+def sum_train_counts(results: list[ShardResult]) -> pd.Series:
+    """Per token, train-split visits holding it, over all shards (the input of ``fit_vocabulary``)."""
+    total: Counter[str] = Counter()
+    for result in results:
+        total.update(result.train_counts)
+    return pd.Series(total, dtype="int64")
+
+
+def write_shard_tokens(
+    result: ShardResult, vocabulary: pd.DataFrame, shard: int, out_dir: Path, tmp: Path | None
+) -> dict[str, Any]:
+    """Second pass: one shard's token table, written as ``tokens/part-NNNNN.parquet``; returns its stats."""
+    structured = _unspill(tmp / f"{shard:05d}") if tmp is not None else result.structured
+    table = to_token_table(structured, vocabulary, result.splits)
+    tokens_dir = out_dir / S.TOKENS_DIR
+    tokens_dir.mkdir(parents=True, exist_ok=True)
+    with atomic.atomic_path(tokens_dir / f"part-{shard:05d}.parquet") as part:  # crash-safe: whole or absent
+        pq.write_table(table, part)
+    return _token_stats(table)
+
+
+def finish_etl(
+    results: list[ShardResult],
+    vocabulary: pd.DataFrame,
+    token_stats: list[dict[str, Any]],
+    config: EtlConfig,
+    input_dir: Path,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """Quarantine, vocabulary file and manifest, once every shard's tokens are written."""
     tmp = out_dir / TMP_DIR
-    results: list[ShardResult] = []
-    train_counts: Counter[str] = Counter()
-    for shard in tqdm(range(config.shards), desc="etl: reading shards", disable=not progress or config.shards == 1):
-        result = process_shard(read(input_dir, config, shard, config.shards), config)
-        train_counts.update(_train_token_counts(result))
-        if config.shards > 1:
-            _spill(result, tmp / f"{shard:05d}")
-        results.append(result)
-    vocabulary = fit_vocabulary(pd.Series(train_counts, dtype="int64"), config.min_code_count)
-
-    token_stats = []
-    with atomic.atomic_dir(out_dir / S.TOKENS_DIR) as tokens_dir:
-        for shard, result in enumerate(results):
-            structured = _unspill(tmp / f"{shard:05d}") if config.shards > 1 else result.structured
-            table = to_token_table(structured, vocabulary, result.splits)
-            pq.write_table(table, tokens_dir / f"part-{shard:05d}.parquet")
-            token_stats.append(_token_stats(table))
-
-    spilled = (
-        [pd.read_parquet(tmp / f"{shard:05d}" / S.QUARANTINE_FILE) for shard in range(len(results))]
-        if config.shards > 1
-        else []
-    )
+    spilled = [pd.read_parquet(q) for q in sorted(tmp.glob(f"*/{S.QUARANTINE_FILE}"))] if tmp.is_dir() else []
     quarantine = pd.concat([r.quarantine for r in results] + spilled, ignore_index=True)
     quarantine = quarantine.sort_values([S.SOURCE_TABLE, S.SOURCE_ROW], kind="stable")
     _write_quarantine(quarantine, out_dir / S.QUARANTINE_FILE)
@@ -142,8 +174,14 @@ def run_etl(input_dir: Path, out_dir: Path, config: EtlConfig, progress: bool = 
     named = descriptions.token_descriptions([r.descriptions for r in results], config, vocabulary)
     descriptions.write(named, out_dir / S.CODE_DESCRIPTIONS_FILE)
     manifest = build_manifest(results, vocabulary, token_stats, config, input_dir)
-    manifest["seconds"] = round(time.perf_counter() - started, 3)
+    manifest["shards"] = len(results)
     return manifest
+
+
+def clear_outputs(out_dir: Path) -> None:
+    """Remove token parts and spilled shards of an earlier run, so that none is taken for this run's."""
+    shutil.rmtree(out_dir / S.TOKENS_DIR, ignore_errors=True)
+    shutil.rmtree(out_dir / TMP_DIR, ignore_errors=True)
 
 
 def _train_token_counts(result: ShardResult) -> Counter[str]:

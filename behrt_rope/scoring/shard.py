@@ -1,0 +1,133 @@
+"""One patient shard of a ``predict`` run, read to predictions: the unit of work of every engine.
+
+:func:`prepare_shard` reads one hash shard of the raw input with the model's own ETL settings and
+vocabulary; :func:`predictions_table` lays the probabilities out as the predictions (long layout). The local engine
+calls them shard after shard in one process, the Ray engine in a pool of actors; both produce the same rows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from behrt_rope import schema as S
+from behrt_rope.data.sequences import Sequences, from_table
+from behrt_rope.etl.config import EtlConfig
+from behrt_rope.etl.io import TABLE_SUFFIXES
+from behrt_rope.etl.readers import reader_for
+from behrt_rope.etl.runner import process_shard
+from behrt_rope.etl.tokenize import to_token_table
+
+CSV_BYTES_PER_ROW = 32  # a synthetic visits-format event row is about 35 bytes; gzip about 4x smaller
+
+
+@dataclass
+class Prepared:
+    """Token streams of one shard's scorable patients and an account of everything else."""
+
+    seqs: Sequences
+    unscored: pd.DataFrame  # PATIENT_ID, REASON
+    unknown_codes: Counter[str]
+    code_events: int  # code tokens of the scored histories, known or not
+    quarantine: pd.DataFrame
+    patient_id_type: str
+
+
+def estimate_rows(input_dir: Path) -> int:
+    """Input rows over every table file under ``input_dir``: exact for Parquet (footer), estimated from the
+    size for CSV (``CSV_BYTES_PER_ROW``, gzip counted 4x)."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    for path in input_dir.rglob("*"):
+        if not (path.is_file() and path.name.endswith(TABLE_SUFFIXES)):
+            continue
+        if path.name.endswith(".parquet"):
+            rows += pq.ParquetFile(path).metadata.num_rows
+        else:
+            scale = 4 if path.name.endswith(".gz") else 1
+            rows += scale * path.stat().st_size // CSV_BYTES_PER_ROW
+    return rows
+
+
+def n_shards(input_dir: Path, shards: int, shard_rows: int) -> int:
+    """``shards`` when set, else enough shards that each holds about ``shard_rows`` input rows."""
+    if shards > 0:
+        return shards
+    return max(1, -(-estimate_rows(input_dir) // shard_rows))
+
+
+def prepare_shard(input_dir: Path, etl: EtlConfig, vocab: pd.DataFrame, shard: int, shards: int) -> Prepared:
+    """Read, clean and tokenise patient shard ``shard`` of ``shards`` with the model's settings and vocabulary.
+
+    ``vocab``: ``token_id``, ``token``. Codes outside it become [UNK] and are counted in ``unknown_codes``.
+    """
+    raw = reader_for(etl.format)(input_dir, etl, shard, shards)
+    result = process_shard(raw, etl)
+    structured = result.structured
+    tokens = structured.codes["token"].to_numpy(dtype=object)
+    unknown = Counter(tokens[~np.isin(tokens, vocab["token"].to_numpy(dtype=object))].tolist())
+    table = to_token_table(structured, vocab, np.full(len(structured.patients), "", dtype=object))
+    return Prepared(
+        seqs=from_table(table),
+        unscored=_unscored(raw.patients, raw.events, structured.patients, result.quarantine),
+        unknown_codes=unknown,
+        code_events=len(tokens),
+        quarantine=result.quarantine,
+        patient_id_type=raw.patient_id_type,
+    )
+
+
+def _unscored(
+    patients: pd.DataFrame, events: pd.DataFrame, scored: pd.DataFrame, quarantine: pd.DataFrame
+) -> pd.DataFrame:
+    """Every patient id seen in the input but not scored, with the reason."""
+    seen = pd.unique(np.concatenate([patients[S.PATIENT_ID].to_numpy(object), events[S.PATIENT_ID].to_numpy(object)]))
+    missing = np.setdiff1d(np.asarray([s for s in seen if s != ""], dtype=str), scored[S.PATIENT_ID].to_numpy(str))
+    reasons = (
+        quarantine[quarantine[S.PATIENT_ID].isin(missing)]
+        .groupby(S.PATIENT_ID)[S.REASON]
+        .agg(lambda r: ",".join(sorted(set(r))))
+    )
+    frame = pd.DataFrame({S.PATIENT_ID: missing.astype(object)})
+    frame[S.REASON] = reasons.reindex(missing).fillna("no_events").to_numpy(dtype=object)
+    return frame
+
+
+def predictions_schema(patient_id_type: str) -> pa.Schema:
+    """The predictions file's schema, the long layout of SPEC (``layout=meds`` is derived from it)."""
+    id_type = pa.int64() if patient_id_type == "int64" else pa.string()
+    return pa.schema(
+        [
+            (S.PATIENT_ID, id_type),
+            (S.PREDICTION_TIME, pa.timestamp("us")),
+            (S.CODE, pa.string()),
+            (S.PROBABILITY, pa.float64()),
+        ]
+    )
+
+
+def predictions_table(patients: pd.DataFrame, labels: list[str], probs: np.ndarray, patient_id_type: str) -> pa.Table:
+    """Predictions of ``patients`` (PATIENT_ID, LAST_EVENT_TIME), ``probs`` ``(N, L)``, in the long layout:
+    ``N * L`` rows, patient-major."""
+    schema = predictions_schema(patient_id_type)
+    ids = patients[S.PATIENT_ID].to_numpy(dtype=object)
+    id_array = pa.array(ids.astype(np.int64) if patient_id_type == "int64" else ids.astype(str), schema.field(0).type)
+    times = pa.array(patients[S.LAST_EVENT_TIME].to_numpy("datetime64[us]"), pa.timestamp("us"))
+    n, n_labels = probs.shape
+    repeat = pa.array(np.repeat(np.arange(n), n_labels))
+    codes = pa.DictionaryArray.from_arrays(
+        np.tile(np.arange(n_labels, dtype=np.int32), n), pa.array(labels, pa.string())
+    )
+    columns = [
+        id_array.take(repeat),
+        times.take(repeat),
+        codes.cast(pa.string()),
+        pa.array(probs.reshape(-1).astype(np.float64)),
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)

@@ -1,0 +1,68 @@
+"""``predict`` streams the input by patient shard: same predictions however many shards, one row group per
+shard, and bf16 scoring that barely moves the rankings."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from scipy.stats import spearmanr
+
+from behrt_rope import schema as S
+from behrt_rope.cli import main
+from tests.fixtures_training import build_finetuned
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return build_finetuned(tmp_path_factory.mktemp("predict"), patients=160, seed=2)
+
+
+def predict(raw, model_dir, out, *overrides):
+    argv = ["predict", "--model", str(model_dir), "--input", str(raw), "--out", str(out), "progress=false"]
+    assert main([*argv, *overrides]) == 0
+    return pd.read_parquet(out).sort_values([S.PATIENT_ID, S.CODE], ignore_index=True)
+
+
+def summary(out):
+    return json.loads(out.with_suffix(".summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_sharded_predictions_equal_unsharded_and_stream_as_row_groups(model, tmp_path):
+    raw, model_dir = model
+    one = predict(raw, model_dir, tmp_path / "one.parquet", "shards=1", "precision=fp32")
+    three = predict(raw, model_dir, tmp_path / "three.parquet", "shards=3", "precision=fp32")
+    assert pq.ParquetFile(tmp_path / "one.parquet").num_row_groups == 1
+    assert pq.ParquetFile(tmp_path / "three.parquet").num_row_groups == 3  # one per shard: never all in memory
+    pd.testing.assert_frame_equal(one.drop(columns=S.PROBABILITY), three.drop(columns=S.PROBABILITY))
+    np.testing.assert_allclose(one[S.PROBABILITY], three[S.PROBABILITY], atol=1e-6, rtol=0)
+    a, b = summary(tmp_path / "one.parquet"), summary(tmp_path / "three.parquet")
+    assert b["shards"] == 3 and a["patients_scored"] == b["patients_scored"] == one[S.PATIENT_ID].nunique()
+    for key in ("patients_not_scored", "unknown_code_events", "rows_quarantined"):
+        assert a[key] == b[key]
+
+
+@pytest.mark.slow
+def test_shards_default_to_the_input_size(model, tmp_path):
+    raw, model_dir = model
+    predict(raw, model_dir, tmp_path / "p.parquet", "shard_rows=2000")
+    rows = sum(1 for path in raw.iterdir() for _ in path.open()) - 2  # minus the two header lines
+    assert summary(tmp_path / "p.parquet")["shards"] == pytest.approx(rows / 2000, abs=2)
+
+
+@pytest.mark.slow
+def test_bf16_scoring_barely_moves_the_rankings(model, tmp_path):
+    raw, model_dir = model
+    fp32 = predict(raw, model_dir, tmp_path / "fp32.parquet", "precision=fp32")
+    bf16 = predict(raw, model_dir, tmp_path / "bf16.parquet", "precision=bf16")
+    assert (fp32[S.PATIENT_ID] == bf16[S.PATIENT_ID]).all() and (fp32[S.CODE] == bf16[S.CODE]).all()
+    diff = (fp32[S.PROBABILITY] - bf16[S.PROBABILITY]).abs()
+    assert diff.max() < 0.02
+    wide32 = fp32.pivot(index=S.PATIENT_ID, columns=S.CODE, values=S.PROBABILITY)
+    wide16 = bf16.pivot(index=S.PATIENT_ID, columns=S.CODE, values=S.PROBABILITY)
+    rho = [spearmanr(wide32[c], wide16[c]).statistic for c in wide32.columns if wide32[c].std() > 0]
+    assert np.median(rho) > 0.98 and min(rho) > 0.9, rho
