@@ -4,6 +4,7 @@ sample's input had been cut at its prediction time, in the caller's sample order
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from behrt_rope import schema as S
@@ -51,7 +52,9 @@ def _sequences(visits_per_patient: list[list[list[int]]]) -> Sequences:
     )
 
 
-def _model() -> BehrtForMultiLabel:
+def _model(**options) -> BehrtForMultiLabel:
+    """The default visit-pooled head, or with options (e.g. label attention), its zero-started readouts
+    randomised so that every path carries signal a leak would show."""
     torch.manual_seed(0)
     config = ModelConfig(
         vocab_size=VOCAB,
@@ -61,8 +64,19 @@ def _model() -> BehrtForMultiLabel:
         intermediate_size=32,
         dropout=0.0,
         time2vec_periodic=4,
+        **options,
     )
-    return BehrtForMultiLabel(config, num_labels=3, pooling="visit").eval()
+    model = BehrtForMultiLabel(config, num_labels=3, pooling="visit").eval()
+    if model.label_attention is not None:
+        with torch.no_grad():
+            for param in model.label_attention.parameters():
+                param.normal_(0.0, 0.5)
+    return model
+
+
+HEADS = pytest.mark.parametrize(
+    "options", [{}, {"label_attention_heads": 2, "age_heads": 1}], ids=["default", "label_attention"]
+)
 
 
 SEQS = _sequences([[[5, 6], [7], [5, 8, 9], [10]], [[11], [6, 7]], [[5], [5], [5], [9, 10, 11]]])
@@ -81,8 +95,9 @@ def _prefix_logits(model: BehrtForMultiLabel, row: int, cut: int) -> torch.Tenso
         )[0]
 
 
-def test_one_pass_equals_cutting_the_input_at_each_prediction_time():
-    model = _model()
+@HEADS
+def test_one_pass_equals_cutting_the_input_at_each_prediction_time(options):
+    model = _model(**options)
     samples = build_samples(SEQS, TaskConfig(name="next_visit"))
     dataset = VisitScoredDataset(SEQS, samples.rows, samples.cuts)
     batch = collate_visit_scored([dataset[i] for i in range(len(dataset))])
@@ -98,8 +113,9 @@ def test_one_pass_equals_cutting_the_input_at_each_prediction_time():
         )
 
 
-def test_later_visits_never_leak_into_earlier_predictions():
-    model = _model()
+@HEADS
+def test_later_visits_never_leak_into_earlier_predictions(options):
+    model = _model(**options)
     changed = _sequences([[[5, 6], [7], [11, 11, 11], [9]], [[11], [6, 7]], [[5], [5], [5], [9, 10, 11]]])
     samples = build_samples(SEQS, TaskConfig(name="next_visit"))
     before = score(model, SEQS, samples.rows, samples.cuts)

@@ -53,10 +53,10 @@ class LabelAttention(nn.Module):
         # (log days and log visits, through a small learned map): "recorded 3 weeks ago" and "recorded 3
         # years ago" can vote differently. The last layer starts at zero, so the path starts silent.
         self.elapsed = nn.Sequential(nn.Linear(2, ELAPSED_SIZE), nn.GELU())
-        last = nn.Linear(VOTE_HIDDEN, self.num_heads * num_labels)
-        self.vote = nn.Sequential(nn.Linear(config.hidden_size + ELAPSED_SIZE, VOTE_HIDDEN), nn.GELU(), last)
-        nn.init.zeros_(last.weight)
-        nn.init.zeros_(last.bias)
+        readout = nn.Linear(VOTE_HIDDEN, self.num_heads * num_labels)
+        nn.init.zeros_(readout.weight)
+        nn.init.zeros_(readout.bias)
+        self.vote = nn.Sequential(nn.Linear(config.hidden_size + ELAPSED_SIZE, VOTE_HIDDEN), nn.GELU(), readout)
         self.sink_value = nn.Parameter(torch.zeros(self.num_heads, num_labels))
 
     def forward(
