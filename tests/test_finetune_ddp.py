@@ -28,7 +28,12 @@ def test_finetune_ddp_gloo_on_two_cpu_processes(tmp_path: Path) -> None:
     # Lightning's launcher re-runs this very command line once per extra rank.
     command = [*argv, *TINY_MODEL, *FAST_TRAINER, *ddp, "trainer.max_steps=4"]
     done = subprocess.run(
-        [sys.executable, "-m", "behrt_rope", *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "behrt_rope", *command],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_metrics(out)

@@ -31,7 +31,9 @@ def cohort(tmp_path_factory):
 
 
 def etl(raw, out, *overrides):
-    assert main(["etl", "--input", str(raw), "--out", str(out), "progress=false", "etl.code_truncate=3", *overrides]) == 0
+    assert (
+        main(["etl", "--input", str(raw), "--out", str(out), "progress=false", "etl.code_truncate=3", *overrides]) == 0
+    )
     tokens = pd.read_parquet(out / S.TOKENS_DIR).sort_values(S.PATIENT_ID, ignore_index=True)
     manifest = json.loads((out / S.MANIFEST_FILE).read_text())
     return tokens, pd.read_parquet(out / S.VOCAB_FILE), pd.read_parquet(out / S.QUARANTINE_FILE), manifest
