@@ -32,13 +32,18 @@ RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
 
 
 def setup_console_logging(level: int = logging.INFO) -> None:
-    """Log lines on stderr, once per process."""
+    """Log lines on stderr, one handler per process, following ``sys.stderr`` if it was replaced since
+    (test runners and notebooks swap it; a handler left on a closed stream prints "Logging error")."""
     root = logging.getLogger("behrt_rope")
-    if not any(getattr(h, "_behrt_console", False) for h in root.handlers):
+    console = [h for h in root.handlers if getattr(h, "_behrt_console", False)]
+    if not console:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         handler._behrt_console = True  # type: ignore[attr-defined]
         root.addHandler(handler)
+    for handler in console:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is not sys.stderr:
+            handler.setStream(sys.stderr)
     root.setLevel(level)
 
 

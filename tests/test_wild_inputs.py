@@ -236,7 +236,10 @@ def test_evaluate_writes_meds_predictions_that_meds_evaluation_scores(trained) -
 
 def test_finetune_without_labels_names_the_real_cause(tmp_path: Path, small: W.Cohort) -> None:
     few = W.Cohort(small.persons.head(3), small.encounters, small.conditions[small.conditions["person"] <= 3])
-    run_etl(W.write_meds(tmp_path / "in", few), tmp_path / "etl", EtlConfig(format="meds"), False)
+    root = W.write_meds(tmp_path / "in", few)
+    etl_config = etl_pipeline.Config(input=str(root), out=str(tmp_path / "etl"), progress=False)
+    etl_config.etl = EtlConfig(format="meds")
+    etl_pipeline.run(etl_config)  # the stage, so finetune finds a finished ETL output
     from pipelines import finetune
 
     config = finetune.Config(data=str(tmp_path / "etl"), out=str(tmp_path / "ft"))
