@@ -10,6 +10,7 @@ directory without ``.done`` is incomplete, and every stage that reads another st
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -41,9 +42,10 @@ def setup_console_logging(level: int = logging.INFO) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         handler._behrt_console = True  # type: ignore[attr-defined]
         root.addHandler(handler)
-    for handler in console:
-        if isinstance(handler, logging.StreamHandler) and handler.stream is not sys.stderr:
-            handler.setStream(sys.stderr)
+    for existing in console:
+        if isinstance(existing, logging.StreamHandler) and existing.stream is not sys.stderr:
+            with existing.lock or contextlib.nullcontext():  # not setStream: it flushes the old, maybe closed, stream
+                existing.stream = sys.stderr
     root.setLevel(level)
 
 

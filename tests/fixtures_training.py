@@ -73,3 +73,12 @@ def build_finetuned(root: Path, patients: int = 160, seed: int = 0, *overrides: 
     status = main([*argv, *TINY_MODEL, *FAST_TRAINER, *overrides])
     assert status == 0, "fine-tuning the tiny model failed"
     return root / "raw", model
+
+
+def error_line(stderr: str) -> str:
+    """The CLI's error line in ``stderr``: exactly one ``behrt-rope ...: error: ...`` line, no traceback.
+
+    Log lines of the stage may come before it (the console log writes to stderr too)."""
+    lines = [line for line in stderr.strip().splitlines() if line.startswith("behrt-rope")]
+    assert len(lines) == 1 and ": error: " in lines[0] and "Traceback" not in stderr, stderr
+    return lines[0]

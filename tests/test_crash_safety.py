@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
-from fixtures_training import FAST_TRAINER, TINY_MODEL, build_etl, pretrain_argv, read_metrics, write_cohort
+from fixtures_training import FAST_TRAINER, TINY_MODEL, build_etl, error_line, pretrain_argv, read_metrics, write_cohort
 
 from behrt_rope import schema as S
 from behrt_rope.atomic import PARTIAL_MARK
@@ -47,9 +47,7 @@ def killed(when: str, out: Path, argv: list[str]) -> int:
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err.strip()
-    assert err and "\n" not in err, err
-    return err
+    return error_line(capsys.readouterr().err)
 
 
 def leftovers(folder: Path) -> list[Path]:

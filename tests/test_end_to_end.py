@@ -10,7 +10,7 @@ import pytest
 
 from behrt_rope import schema as S
 from behrt_rope.cli import main
-from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, read_metrics
+from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, error_line, read_metrics
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 FINETUNE_FAST = ("--max-epochs", "1", "task.min_label_count=2", *FAST_TRAINER)
@@ -129,8 +129,7 @@ def test_predict_scores_new_histories_and_reports_what_it_could_not_use(visits_r
 
 def test_commands_fail_with_one_line_messages(tmp_path, capsys):
     assert main(["finetune", "--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 1
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "run `behrt-rope etl` first" in err
+    assert "run `behrt-rope etl` first" in error_line(capsys.readouterr().err)
     argv = ["predict", "--model", str(tmp_path), "--input", str(tmp_path), "--out", str(tmp_path / "p.parquet")]
     assert main(argv) == 1
     assert "not a `behrt-rope finetune` output" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures_training import error_line
 
 from behrt_rope import schema as S
 from behrt_rope.cli import main
@@ -61,9 +62,7 @@ def lock_record(pid: int, host: str | None = None) -> str:
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err.strip()
-    assert err and "\n" not in err, err
-    return err
+    return error_line(capsys.readouterr().err)
 
 
 def write_cohort(folder: Path) -> Path:

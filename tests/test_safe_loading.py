@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from fixtures_training import FAST_TRAINER, TINY_MODEL, build_etl, pretrain_argv
+from fixtures_training import FAST_TRAINER, TINY_MODEL, build_etl, error_line, pretrain_argv
 
 from behrt_rope import schema as S
 from behrt_rope.cli import main
@@ -47,9 +47,7 @@ def plant_plain_pickle(path: Path, target: Path) -> None:
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err.strip()
-    assert err and "\n" not in err, err
-    return err
+    return error_line(capsys.readouterr().err)
 
 
 @pytest.fixture(scope="module")
