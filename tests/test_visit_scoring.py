@@ -75,7 +75,13 @@ def _model(**options) -> BehrtForMultiLabel:
 
 
 HEADS = pytest.mark.parametrize(
-    "options", [{}, {"label_attention_heads": 2, "age_heads": 1}], ids=["default", "label_attention"]
+    "options",
+    [
+        {},
+        {"label_attention_heads": 2, "age_heads": 1, "label_attention_keys": "visit"},
+        {"label_attention_heads": 2, "label_attention_keys": "token"},
+    ],
+    ids=["default", "visit_label_attention", "token_label_attention"],
 )
 
 

@@ -13,6 +13,7 @@ from behrt_rope.model.attention import visit_causal_mask
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.encoder import BehrtEncoder, init_weights, positions_for
 from behrt_rope.model.label_attention import LabelAttention
+from behrt_rope.model.token_label_attention import TokenLabelAttention
 from behrt_rope.schema import N_SPECIAL, PAD_ID, SEP_ID
 
 IGNORE_INDEX = -100
@@ -139,8 +140,11 @@ class BehrtForMultiLabel(nn.Module):
         if self.wide is not None:
             nn.init.zeros_(self.wide.weight)
         use_label_attention = visit and config.label_attention_heads > 0
-        self.label_attention = LabelAttention(config, num_labels) if use_label_attention else None
-        if self.label_attention is not None:
+        self.label_attention: LabelAttention | TokenLabelAttention | None = None
+        if use_label_attention and config.label_attention_keys == "token":
+            self.label_attention = TokenLabelAttention(config, num_labels)
+        elif use_label_attention:
+            self.label_attention = LabelAttention(config, num_labels)
             self.label_attention.key.apply(init_weights)
             for layer in (self.label_attention.elapsed[0], self.label_attention.vote[0]):
                 layer.apply(init_weights)
@@ -197,7 +201,9 @@ class BehrtForMultiLabel(nn.Module):
         seen = visit_causal_mask(visit_index, attention_mask)[:, 0]  # (B, T, T) bool
         features = self._visit_features(hidden, seen.to(hidden.dtype), ages, score_at)  # (N, 2H + k + 1)
         logits = self.classifier(self.drop(features))  # (N, L)
-        if self.label_attention is not None:
+        if isinstance(self.label_attention, TokenLabelAttention):
+            logits = logits + self.label_attention(self.drop(hidden), token_ids, visit_index, ages, score_at)
+        elif self.label_attention is not None:
             positions = positions_for(self.config, visit_index, ages)  # (B, T)
             visit_end = token_ids == SEP_ID  # (B, T)
             logits = logits + self.label_attention(self.drop(hidden), visit_end, positions, ages, score_at)
