@@ -80,8 +80,9 @@ HEADS = pytest.mark.parametrize(
         {},
         {"label_attention_heads": 2, "age_heads": 1, "label_attention_keys": "visit"},
         {"label_attention_heads": 2, "label_attention_keys": "token"},
+        {"history_max": True},
     ],
-    ids=["default", "visit_label_attention", "token_label_attention"],
+    ids=["default", "visit_label_attention", "token_label_attention", "history_max"],
 )
 
 

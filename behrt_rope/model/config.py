@@ -53,6 +53,9 @@ class ModelConfig:
     label has its own query; half rotate by visit index, half by age in days (0: no label attention).
     Head settings apply at finetune even with --pretrained (pre-training has no such head). Off by default:
     on our tuning cohort it cost 20-30% more time per epoch and gained nothing (docs/benchmarks.md)."""
+    history_max: bool = False
+    """Fine-tuning head (visit pooling): the classifier also reads the elementwise max of the states of the
+    history, which keeps a code recorded once visible however long the history grows."""
     label_attention_keys: Literal["visit", "token"] = "visit"
     """What the per-label attention reads: the [SEP] states of earlier visits (visit) or every earlier code
     token, with a learned label-specific function of the days and visits since it was recorded (token; see
@@ -73,5 +76,5 @@ class ModelConfig:
             raise ValueError("dropout and attention_dropout must lie in [0, 1)")
 
 
-HEAD_FIELDS = ("label_attention_heads", "label_attention_keys", "wide")
+HEAD_FIELDS = ("label_attention_heads", "label_attention_keys", "history_max", "wide")
 """ModelConfig fields of the fine-tuning head; the encoder's other fields come with a pre-trained encoder."""

@@ -133,7 +133,8 @@ class BehrtForMultiLabel(nn.Module):
         self.encoder = BehrtEncoder(config)
         self.drop = nn.Dropout(config.dropout)
         visit = pooling == "visit"
-        pooled_size = 2 * config.hidden_size + config.time2vec_periodic + 1 if visit else config.hidden_size
+        history_parts = 3 if config.history_max else 2  # [SEP] state, history mean (, history max)
+        pooled_size = history_parts * config.hidden_size + config.time2vec_periodic + 1 if visit else config.hidden_size
         self.classifier = nn.Linear(pooled_size, num_labels)
         self.classifier.apply(init_weights)
         self.wide = nn.Linear(config.vocab_size, num_labels, bias=False) if visit and config.wide else None
@@ -174,10 +175,20 @@ class BehrtForMultiLabel(nn.Module):
     def _visit_features(
         self, hidden: torch.Tensor, seen: torch.Tensor, ages: torch.Tensor, score_at: torch.Tensor
     ) -> torch.Tensor:
-        """``(N, 2H + k + 1)``: the [SEP] state, the mean state of the history and Time2Vec of the age."""
+        """``(N, 2H + k + 1)``: the [SEP] state, the mean state of the history and Time2Vec of the age; with
+        ``config.history_max``, ``(N, 3H + k + 1)``: also the elementwise max over the history's states.
+
+        A mean over ``n`` tokens shrinks one recorded code's trace ``n`` times; the max keeps it at full
+        size however long the history, so "was it ever recorded" is as easy to read at visit 30 as at
+        visit 2. The stream is ordered by visit, so the history of the [SEP] at position ``p`` is the prefix
+        ``0..p`` and its max is a running max along the row.
+        """
         history_mean = (seen @ hidden) / seen.sum(-1, keepdim=True).clamp(min=1.0)  # (B, T, H)
         age = self.encoder.embeddings.age.features(ages[score_at]).to(hidden.dtype)  # (N, k + 1)
-        return torch.cat([hidden[score_at], history_mean[score_at], age], dim=-1)  # (N, 2H + k + 1)
+        parts = [hidden[score_at], history_mean[score_at]]
+        if self.config.history_max:
+            parts.append(torch.cummax(hidden, dim=1).values[score_at])  # (N, H)
+        return torch.cat([*parts, age], dim=-1)
 
     def forward(
         self,
@@ -199,7 +210,7 @@ class BehrtForMultiLabel(nn.Module):
             raise ValueError("visit pooling needs score_at: the [SEP] positions to score")
         hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, visit_causal=True)
         seen = visit_causal_mask(visit_index, attention_mask)[:, 0]  # (B, T, T) bool
-        features = self._visit_features(hidden, seen.to(hidden.dtype), ages, score_at)  # (N, 2H + k + 1)
+        features = self._visit_features(hidden, seen.to(hidden.dtype), ages, score_at)  # (N, P)
         logits = self.classifier(self.drop(features))  # (N, L)
         if isinstance(self.label_attention, TokenLabelAttention):
             logits = logits + self.label_attention(self.drop(hidden), token_ids, visit_index, ages, score_at)
