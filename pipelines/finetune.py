@@ -65,7 +65,7 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     """Without --pretrained, the whole model; with it, only the head's settings (label_attention_heads,
-    wide): a pre-trained encoder brings its own configuration."""
+    label_attention_keys, history_max, wide): a pre-trained encoder brings its own configuration."""
     trainer: TrainerConfig = field(
         default_factory=lambda: TrainerConfig(max_epochs=20, learning_rate=3e-3, early_stopping_patience=5)
     )

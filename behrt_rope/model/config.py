@@ -48,18 +48,18 @@ class ModelConfig:
     max_positions: int = 512
     """Size of the sinusoidal table for position_encoding=absolute."""
     layer_norm_eps: float = 1e-12
-    label_attention_heads: int = 0
+    label_attention_heads: int = 2
     """Fine-tuning head (visit pooling): heads of the per-label attention over the history, in which each
-    label has its own query; half rotate by visit index, half by age in days (0: no label attention).
-    Head settings apply at finetune even with --pretrained (pre-training has no such head). Off by default:
-    on our tuning cohort it cost 20-30% more time per epoch and gained nothing (docs/benchmarks.md)."""
-    history_max: bool = False
+    label has its own query (0: none). Head settings apply at finetune even with --pretrained (pre-training
+    has no such head). On by default since it learns recency: +0.002-0.004 tuning macro AP at ~1.6x the
+    fine-tuning time per epoch (docs/benchmarks.md, "Settings study")."""
+    history_max: bool = True
     """Fine-tuning head (visit pooling): the classifier also reads the elementwise max of the states of the
     history, which keeps a code recorded once visible however long the history grows."""
-    label_attention_keys: Literal["visit", "token"] = "visit"
-    """What the per-label attention reads: the [SEP] states of earlier visits (visit) or every earlier code
-    token, with a learned label-specific function of the days and visits since it was recorded (token; see
-    ``token_label_attention.py``)."""
+    label_attention_keys: Literal["visit", "token"] = "token"
+    """What the per-label attention reads: every earlier code token, with a learned label-specific function
+    of the days and visits since it was recorded (token; ``token_label_attention.py``), or the [SEP] states
+    of earlier visits, half the heads rotated by visit index and half by age in days (visit)."""
     wide: bool = True
     """Fine-tuning head (visit pooling): add the wide linear path over log(1 + count) of each code seen."""
 

@@ -88,18 +88,20 @@ class TokenLabelAttention(nn.Module):
         nh, L = self.num_heads, self.num_labels
         rows, cols = score_at.nonzero(as_tuple=True)  # (N,), (N,)
         keys = self.key(hidden).view(B, T, nh, KEY_SIZE)  # (B, T, nh, k)
+        # Query-key scores do not depend on the scored visit: once per patient, gathered per scored visit.
+        match = torch.einsum("hlk,bthk->bhlt", self.query.to(hidden.dtype), keys) * KEY_SIZE**-0.5  # (B, nh, L, T)
         votes = self.value(hidden).view(B, T, nh, L)  # (B, T, nh, L)
         is_code = token_ids >= N_SPECIAL  # (B, T)
         chunk = max(1, CHUNK_SCORES // max(1, nh * L * T))
         out = [
-            self._score(keys, votes, is_code, visit_index, ages, rows[s : s + chunk], cols[s : s + chunk])
+            self._score(match, votes, is_code, visit_index, ages, rows[s : s + chunk], cols[s : s + chunk])
             for s in range(0, len(rows), chunk)
         ]
         return torch.cat(out) if out else hidden.new_zeros(0, L)
 
     def _score(
         self,
-        keys: torch.Tensor,
+        match: torch.Tensor,
         votes: torch.Tensor,
         is_code: torch.Tensor,
         visit_index: torch.Tensor,
@@ -108,19 +110,16 @@ class TokenLabelAttention(nn.Module):
         cols: torch.Tensor,
     ) -> torch.Tensor:
         """``(n, L)`` logits for ``n`` scored positions ``(rows, cols)`` of the batch."""
-        T = keys.shape[1]
-        dtype = keys.dtype
-        position = torch.arange(T, device=keys.device)
+        T = match.shape[-1]
+        dtype = votes.dtype
+        position = torch.arange(T, device=votes.device)
         visible = is_code[rows] & (position[None, :] < cols[:, None])  # (n, T): codes up to the scored [SEP]
         days = ((ages[rows, cols][:, None] - ages[rows]) * DAYS_PER_YEAR).clamp(min=0.0)  # (n, T)
         visits = (visit_index[rows, cols][:, None] - visit_index[rows]).clamp(min=0).to(days.dtype)  # (n, T)
         e = self.elapsed(torch.stack([torch.log1p(days), torch.log1p(visits)], dim=-1).to(dtype))  # (n, T, E)
-        query = self.query.to(dtype)
-        scale = KEY_SIZE**-0.5
-        scores = torch.einsum("hlk,nthk->nhlt", query, keys[rows]) * scale  # (n, nh, L, T)
-        scores = scores + torch.einsum("hle,nte->nhlt", self.time_bias.to(dtype), e)
+        scores = match[rows] + torch.einsum("hle,nte->nhlt", self.time_bias.to(dtype), e)  # (n, nh, L, T)
         scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-        sink = torch.einsum("hlk,hk->hl", query, self.sink_key.to(dtype)) * scale  # (nh, L)
+        sink = torch.einsum("hlk,hk->hl", self.query.to(dtype), self.sink_key.to(dtype)) * KEY_SIZE**-0.5  # (nh, L)
         sink = sink[None, :, :, None].expand(len(rows), -1, -1, 1)  # (n, nh, L, 1)
         weights = torch.softmax(torch.cat([sink, scores], dim=-1), dim=-1)  # (n, nh, L, 1 + T)
         token_votes = votes[rows] + torch.einsum("nte,ehl->nthl", e, self.time_value.to(dtype))  # (n, T, nh, L)

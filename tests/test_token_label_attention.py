@@ -1,0 +1,85 @@
+"""Token-level label attention: silent at the start, and its scores really carry the time since a code was
+recorded (direction and units), so a label can prefer recent records over old ones."""
+
+from __future__ import annotations
+
+import torch
+
+from behrt_rope.model.config import ModelConfig
+from behrt_rope.model.token_label_attention import KEY_SIZE, TokenLabelAttention
+from behrt_rope.schema import CLS_ID, N_SPECIAL, SEP_ID
+
+CODE, OTHER = N_SPECIAL, N_SPECIAL + 1
+DAYS_PER_YEAR = 365.25
+
+
+def _patient(code_days_before: float | None) -> dict[str, torch.Tensor]:
+    """[CLS] v0 [SEP] v1 [SEP], scored at the second [SEP] (at age 50). Visit 0 holds CODE (if
+    ``code_days_before`` is given, that many days before visit 1) and OTHER; visit 1 holds OTHER."""
+    gap = code_days_before if code_days_before is not None else 100.0
+    first = CODE if code_days_before is not None else OTHER
+    ids = [CLS_ID, first, OTHER, SEP_ID, OTHER, SEP_ID]
+    visits = [0, 0, 0, 0, 1, 1]
+    ages = [50.0 - gap / DAYS_PER_YEAR] * 4 + [50.0] * 2
+    return {
+        "token_ids": torch.tensor([ids]),
+        "visit_index": torch.tensor([visits]),
+        "ages": torch.tensor([ages]),
+        "score_at": torch.tensor([[False, False, False, False, False, True]]),
+    }
+
+
+def _hidden(token_ids: torch.Tensor, size: int) -> torch.Tensor:
+    """Hidden states that say only "this is CODE" in dimension 0."""
+    hidden = torch.zeros(*token_ids.shape, size)
+    hidden[..., 0] = (token_ids == CODE).float()
+    return hidden
+
+
+def _attention(time_weight: float) -> TokenLabelAttention:
+    """One head, one label: the query picks out CODE; its vote is 1 per CODE token; the time bias is
+    ``time_weight`` x log(1 + days since the token)."""
+    config = ModelConfig(vocab_size=10, hidden_size=KEY_SIZE, num_heads=2, label_attention_heads=1)
+    attention = TokenLabelAttention(config, num_labels=1)
+    with torch.no_grad():
+        for p in attention.parameters():
+            p.zero_()
+        attention.key.weight.copy_(torch.eye(KEY_SIZE))
+        attention.query[0, 0, 0] = 40.0  # score 10 on a CODE token, 0 elsewhere
+        attention.value.weight[0, 0] = 1.0  # vote 1 from a CODE token
+        attention.elapsed[0].weight[0, 0] = 1.0  # e[0] = GELU(log(1 + days))
+        attention.time_bias[0, 0, 0] = time_weight
+    return attention.eval()
+
+
+def _logit(attention: TokenLabelAttention, code_days_before: float | None) -> float:
+    batch = _patient(code_days_before)
+    hidden = _hidden(batch["token_ids"], KEY_SIZE)
+    with torch.no_grad():
+        return float(attention(hidden, batch["token_ids"], batch["visit_index"], batch["ages"], batch["score_at"]))
+
+
+def test_starts_silent():
+    config = ModelConfig(vocab_size=10, hidden_size=16, num_heads=2, label_attention_heads=2)
+    attention = TokenLabelAttention(config, num_labels=3)
+    batch = _patient(30.0)
+    logits = attention(
+        torch.randn(1, 6, 16), batch["token_ids"], batch["visit_index"], batch["ages"], batch["score_at"]
+    )
+    assert logits.shape == (1, 3)
+    assert torch.equal(logits, torch.zeros(1, 3))
+
+
+def test_a_recorded_code_is_found_and_never_recorded_goes_to_the_sink():
+    attention = _attention(time_weight=0.0)
+    assert _logit(attention, 30.0) > 0.99  # nearly all weight on the one CODE token (vote 1)
+    assert _logit(attention, None) == 0.0  # no CODE: weight on the sink and the OTHER tokens, votes 0
+
+
+def test_time_since_the_record_enters_the_score_with_the_right_sign():
+    neutral, prefers_recent = _attention(0.0), _attention(-3.0)
+    assert abs(_logit(neutral, 10.0) - _logit(neutral, 2000.0)) < 1e-6
+    recent, old = _logit(prefers_recent, 10.0), _logit(prefers_recent, 2000.0)
+    # log(1 + 10) = 2.4, log(1 + 2000) = 7.6: the bias takes ~7 (recent) or ~23 (old) off CODE's score of 10,
+    # against the sink and visit 1's OTHER token at 0: weight e^2.8 / (2 + e^2.8) = 0.89 vs ~1e-6.
+    assert recent > 0.85 and old < 1e-4
