@@ -88,9 +88,10 @@ class TokenLabelAttention(nn.Module):
         nh, L = self.num_heads, self.num_labels
         rows, cols = score_at.nonzero(as_tuple=True)  # (N,), (N,)
         keys = self.key(hidden).view(B, T, nh, KEY_SIZE)  # (B, T, nh, k)
-        # Query-key scores do not depend on the scored visit: once per patient, gathered per scored visit.
-        match = torch.einsum("hlk,bthk->bhlt", self.query.to(hidden.dtype), keys) * KEY_SIZE**-0.5  # (B, nh, L, T)
-        votes = self.value(hidden).view(B, T, nh, L)  # (B, T, nh, L)
+        # What does not depend on the scored visit is computed once per patient, laid out (B, nh, L, T) like
+        # the per-visit tensors, so the rest is elementwise work without permuted copies.
+        match = torch.einsum("hlk,bthk->bhlt", self.query.to(hidden.dtype), keys) * KEY_SIZE**-0.5
+        votes = self.value(hidden).view(B, T, nh, L).permute(0, 2, 3, 1).contiguous()  # (B, nh, L, T)
         is_code = token_ids >= N_SPECIAL  # (B, T)
         chunk = max(1, CHUNK_SCORES // max(1, nh * L * T))
         out = [
@@ -109,19 +110,21 @@ class TokenLabelAttention(nn.Module):
         rows: torch.Tensor,
         cols: torch.Tensor,
     ) -> torch.Tensor:
-        """``(n, L)`` logits for ``n`` scored positions ``(rows, cols)`` of the batch."""
-        T = match.shape[-1]
+        """``(n, L)`` logits for ``n`` scored positions ``(rows, cols)``; ``match`` and ``votes`` are the
+        per-patient query-key scores and token votes, ``(B, nh, L, T)``."""
+        _, nh, L, T = match.shape
         dtype = votes.dtype
         position = torch.arange(T, device=votes.device)
         visible = is_code[rows] & (position[None, :] < cols[:, None])  # (n, T): codes up to the scored [SEP]
         days = ((ages[rows, cols][:, None] - ages[rows]) * DAYS_PER_YEAR).clamp(min=0.0)  # (n, T)
         visits = (visit_index[rows, cols][:, None] - visit_index[rows]).clamp(min=0).to(days.dtype)  # (n, T)
         e = self.elapsed(torch.stack([torch.log1p(days), torch.log1p(visits)], dim=-1).to(dtype))  # (n, T, E)
-        scores = match[rows] + torch.einsum("hle,nte->nhlt", self.time_bias.to(dtype), e)  # (n, nh, L, T)
-        scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+        # Time's share of the scores and of the votes in one matmul: (n, T, E) @ (E, 2 nh L) -> (n, 2 nh L, T).
+        time_maps = torch.cat([self.time_bias.permute(2, 0, 1), self.time_value], dim=1).flatten(1).to(dtype)
+        time_bias, time_votes = (e @ time_maps).transpose(1, 2).reshape(len(rows), 2, nh, L, T).unbind(1)
+        scores = (match[rows] + time_bias).masked_fill(~visible[:, None, None, :], float("-inf"))  # (n, nh, L, T)
         sink = torch.einsum("hlk,hk->hl", self.query.to(dtype), self.sink_key.to(dtype)) * KEY_SIZE**-0.5  # (nh, L)
         sink = sink[None, :, :, None].expand(len(rows), -1, -1, 1)  # (n, nh, L, 1)
         weights = torch.softmax(torch.cat([sink, scores], dim=-1), dim=-1)  # (n, nh, L, 1 + T)
-        token_votes = votes[rows] + torch.einsum("nte,ehl->nthl", e, self.time_value.to(dtype))  # (n, T, nh, L)
-        from_tokens = torch.einsum("nhlt,nthl->nl", weights[..., 1:], token_votes)  # (n, L)
-        return from_tokens + (weights[..., 0] * self.sink_value.to(dtype)).sum(1)  # (n, L)
+        from_tokens = (weights[..., 1:] * (votes[rows] + time_votes)).sum(-1)  # (n, nh, L)
+        return (from_tokens + weights[..., 0] * self.sink_value.to(dtype)).sum(1)  # (n, L)
