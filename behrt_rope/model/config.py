@@ -60,8 +60,10 @@ class ModelConfig:
     """What the per-label attention reads: every earlier code token, with a learned label-specific function
     of the days and visits since it was recorded (token; ``token_label_attention.py``), or the [SEP] states
     of earlier visits, half the heads rotated by visit index and half by age in days (visit)."""
-    wide: bool = True
-    """Fine-tuning head (visit pooling): add the wide linear path over log(1 + count) of each code seen."""
+    wide: bool = False
+    """Fine-tuning head (visit pooling): add the wide linear path over log(1 + count) of each code seen.
+    Off by default: with history max pooling and token-level label attention the encoder alone did better
+    on the tuning split than with the wide path (docs/benchmarks.md, "Settings study")."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
