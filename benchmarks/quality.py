@@ -2,7 +2,7 @@
 
     python benchmarks/quality.py [--cohorts default short_sparse long_dense] [--patients 8000]
                                  [--split 0.5 0.05 0.45]
-                                 [--work DIR] [--oracle-replicas 300] [--markdown FILE] [--ablate-wide]
+                                 [--work DIR] [--oracle-replicas 300] [--markdown FILE] [--with-wide]
                                  [-- extra overrides for pretrain and finetune, e.g. trainer.max_epochs=2]
 
 For each cohort: ``behrt-rope synth`` (with ``oracle=true``) -> ``etl`` -> ``pretrain`` -> ``finetune
@@ -15,8 +15,9 @@ macro AUROC of the model, the logistic regression, the gradient-boosted model an
 samples at the oracle's cuts (with 95% bootstrap intervals), the share of the logistic-regression-to-oracle
 gap each closes (macro AP, with a paired interval), the same predictors on every held-out sample (no oracle),
 and the CPU and wall seconds of each stage (CPU: user + system of the stage's process and its children). With
-``--ablate-wide`` a second model is fine-tuned from the same pre-trained encoder with ``model.wide=false`` and
-scored at the same cuts (row ``model_without_wide_path``): what the encoder earns on its own. With
+``--with-wide`` a second model is fine-tuned from the same pre-trained encoder with ``model.wide=true`` (the
+bag-of-codes path, off by default) and scored at the same cuts (row ``model_with_wide_path``): what the wide
+path would add to the encoder. With
 ``--markdown FILE`` it also writes the table that ``docs/benchmarks.md`` shows.
 
 The cohorts differ in structure, and their seeds are ones the defaults were never tuned on:
@@ -78,7 +79,7 @@ def run_cohort(
     patients: int,
     replicas: int,
     extra: list[str],
-    ablate_wide: bool = False,
+    with_wide: bool = False,
     split: tuple[float, float, float] = (0.8, 0.1, 0.1),
 ) -> dict[str, Any]:
     """Every stage on one cohort; the figures of its evaluation and the cost of each stage."""
@@ -129,28 +130,28 @@ def run_cohort(
             "progress=false",
         ),
     }
-    if ablate_wide:  # the encoder alone: same pre-trained encoder, the wide path off
-        alone, alone_eval = work / name / "finetune_no_wide", work / name / "evaluate_no_wide"
-        seconds["finetune_no_wide"] = stage(
+    if with_wide:  # same pre-trained encoder, the wide bag-of-codes path switched on
+        wide, wide_eval = work / name / "finetune_with_wide", work / name / "evaluate_with_wide"
+        seconds["finetune_with_wide"] = stage(
             "finetune",
             "--data",
             str(d["etl"]),
             "--out",
-            str(alone),
+            str(wide),
             "--pretrained",
             str(d["pretrain"]),
             "trainer.progress_bar=false",
-            "model.wide=false",
+            "model.wide=true",
             *extra,
         )
-        seconds["evaluate_no_wide"] = stage(
+        seconds["evaluate_with_wide"] = stage(
             "evaluate",
             "--model",
-            str(alone),
+            str(wide),
             "--data",
             str(d["etl"]),
             "--out",
-            str(alone_eval),
+            str(wide_eval),
             f"oracle={d['cohort']}",
             "progress=false",
             "gradient_boosting=false",
@@ -159,9 +160,9 @@ def run_cohort(
     finetune = json.loads((d["finetune"] / "metrics.json").read_text())
     manifest = json.loads((d["etl"] / "manifest.json").read_text())
     ceiling = metrics["ceiling"]
-    if ablate_wide:
-        alone_ceiling = json.loads((work / name / "evaluate_no_wide" / "metrics.json").read_text())["ceiling"]
-        ceiling["predictors"]["model_without_wide_path"] = alone_ceiling["predictors"]["model"]
+    if with_wide:
+        wide_ceiling = json.loads((work / name / "evaluate_with_wide" / "metrics.json").read_text())["ceiling"]
+        ceiling["predictors"]["model_with_wide_path"] = wide_ceiling["predictors"]["model"]
     return {
         "patients": manifest["patients"]["with_tokens"],
         "tokens_per_patient": manifest["sequence_length"]["mean"],
@@ -177,7 +178,7 @@ def run_cohort(
                     },
                     "gap_closed": ceiling["predictors"][p]["gap_closed"],
                 }
-                for p in PREDICTORS + ("model_without_wide_path",) * ablate_wide
+                for p in PREDICTORS + ("model_with_wide_path",) * with_wide
             },
         },
         "all_held_out": {
@@ -204,7 +205,7 @@ def markdown(results: dict[str, Any]) -> str:
         "|---|---|---:|---:|---:|---:|",
     ]
     for cohort, r in results["cohorts"].items():
-        for p in [p for p in (*PREDICTORS, "model_without_wide_path") if p in r["at_oracle_cuts"]]:
+        for p in [p for p in (*PREDICTORS, "model_with_wide_path") if p in r["at_oracle_cuts"]]:
             e = r["at_oracle_cuts"][p]
             gap = e["gap_closed"]
             closed = "–" if gap["point"] is None else f"{100 * gap['point']:.0f}%"
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="keep every stage's output here")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the docs table here")
     parser.add_argument(
-        "--ablate-wide", action="store_true", help="also fine-tune and score the model without its wide path"
+        "--with-wide", action="store_true", help="also fine-tune and score the model with its wide path on"
     )
     parser.add_argument("extra", nargs="*", help="overrides passed to pretrain and finetune")
     args = parser.parse_args(argv)
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.cohorts:
             print(f"quality: cohort {name}", file=sys.stderr, flush=True)
             results["cohorts"][name] = run_cohort(
-                work, name, args.patients, args.oracle_replicas, args.extra, args.ablate_wide, tuple(args.split)
+                work, name, args.patients, args.oracle_replicas, args.extra, args.with_wide, tuple(args.split)
             )
     print(json.dumps(results, indent=2))
     if args.markdown:
