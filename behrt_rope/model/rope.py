@@ -122,7 +122,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
     In float32 and float64 the interleaved pair ``(x0, x1)`` is read as the complex number ``x0 + i x1`` and
     multiplied by ``cos + i sin``: one kernel over ``x``, no copies, the same four products and two sums per
-    pair (bit-identical to the real form on CPU, about 8x faster there). bf16 (no complex type) and MPS take
+    pair (equal to the real form to float rounding, about 8x faster on CPU). bf16 (no complex type) and MPS take
     the real form.
 
     >>> rotate(torch.tensor([1.0, 0.0]), torch.tensor([0.0]), torch.tensor([1.0])).tolist()  # a quarter turn
