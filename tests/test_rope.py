@@ -186,9 +186,9 @@ def test_complex_form_equals_the_real_form(dtype: torch.dtype) -> None:
     x = random_x(2, (2, 3, 5, 8)).to(dtype)
     odd = torch.cat([x, x[..., :1]], dim=-1)[..., :8]  # same values, last-but-one stride 9: the real path
     assert odd.stride(-2) % 2 == 1
-    expected = x * cos.repeat_interleave(2, -1)[:, None].to(dtype) + rotate_pairs(x) * sin.repeat_interleave(
-        2, -1
-    )[:, None].to(dtype)
+    expected = x * cos.repeat_interleave(2, -1)[:, None].to(dtype) + rotate_pairs(x) * sin.repeat_interleave(2, -1)[
+        :, None
+    ].to(dtype)
     torch.testing.assert_close(apply_rope(x, cos, sin), expected)
     torch.testing.assert_close(apply_rope(odd, cos, sin), apply_rope(x, cos, sin))  # to rounding (1 ulp)
     per_head = cos[:, None].expand(-1, 3, -1, -1), sin[:, None].expand(-1, 3, -1, -1)  # (B, H, T, d/2)
