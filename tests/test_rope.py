@@ -177,6 +177,24 @@ def test_apply_casts_tables_to_the_activation_dtype() -> None:
     torch.testing.assert_close(y16.double(), apply_rope(x, cos, sin), atol=0.05, rtol=0.02)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_complex_form_equals_the_real_form(dtype: torch.dtype) -> None:
+    """float32/64 rotate pairs as complex numbers; a layout view_as_complex cannot take (odd strides) and
+    the explicit eq. 34 form give the same values to rounding, with tables shared by heads and one per head."""
+    positions = torch.tensor([[0.0, 1.0, 1.0, 7.0, 250.5], [3.0, 3.0, 9.0, 40.0, 1999.0]])
+    cos, sin = rope_angles(positions, 8)
+    x = random_x(2, (2, 3, 5, 8)).to(dtype)
+    odd = torch.cat([x, x[..., :1]], dim=-1)[..., :8]  # same values, last-but-one stride 9: the real path
+    assert odd.stride(-2) % 2 == 1
+    expected = x * cos.repeat_interleave(2, -1)[:, None].to(dtype) + rotate_pairs(x) * sin.repeat_interleave(2, -1)[
+        :, None
+    ].to(dtype)
+    torch.testing.assert_close(apply_rope(x, cos, sin), expected)
+    torch.testing.assert_close(apply_rope(odd, cos, sin), apply_rope(x, cos, sin))  # to rounding (1 ulp)
+    per_head = cos[:, None].expand(-1, 3, -1, -1), sin[:, None].expand(-1, 3, -1, -1)  # (B, H, T, d/2)
+    torch.testing.assert_close(apply_rope(x, *per_head), apply_rope(x, cos, sin))
+
+
 def test_sinusoidal_table_matches_the_transformer_formula() -> None:
     table = sinusoidal_table(50, 6)
     assert table.shape == (50, 6)

@@ -49,6 +49,20 @@ def test_scorer_matches_the_reference_scoring_loop(seqs, pooling):
     assert fast.std() > 0.01
 
 
+def test_parallel_workers_give_the_same_probabilities(seqs):
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=int(seqs.token_ids.max()) + 1, hidden_size=16, num_layers=2, num_heads=2)
+    model = BehrtForMultiLabel(config, 5).eval()
+    one = Scorer(model, torch.device("cpu"), "fp32", max_tokens=300, max_batch=8, workers=1).score(seqs)
+    threads = torch.get_num_threads()
+    three = Scorer(model, torch.device("cpu"), "fp32", max_tokens=300, max_batch=8, workers=3).score(seqs)
+    assert torch.get_num_threads() == threads  # the pool's single-thread setting stays in its own threads
+    np.testing.assert_allclose(three, one, atol=1e-6, rtol=0)
+    assert (three > 0).all()  # every row written, in its place
+    with pytest.raises(ValueError, match="workers"):
+        Scorer(model, torch.device("cpu"), workers=-1)
+
+
 def test_precision_auto_never_picks_emulated_bf16():
     cpu = torch.device("cpu")
     assert resolve_dtype("fp32", cpu) == torch.float32 and resolve_dtype("bf16", cpu) == torch.bfloat16

@@ -7,7 +7,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from behrt_rope.model.config import ModelConfig
-from behrt_rope.model.rope import apply_rope
+from behrt_rope.model.rope import rotate
 
 
 def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -53,6 +53,17 @@ def visit_causal_mask(visit_index: torch.Tensor, attention_mask: torch.Tensor | 
     return allowed[:, None]  # (B, 1, T, T): broadcast over heads
 
 
+def _qk_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE tables laid out to broadcast against the ``(B, T, 2, nh, d)`` query|key slice of the projection.
+
+    ``(B, T, d/2)`` tables (shared by the heads) become ``(B, T, 1, 1, d/2)``; ``(B, nh, T, d/2)`` tables (one
+    per head) become ``(B, T, 1, nh, d/2)``. Views only.
+    """
+    if cos.dim() == 3:
+        return cos[:, :, None, None], sin[:, :, None, None]  # (B, T, 1, 1, d/2)
+    return cos.transpose(1, 2)[:, :, None], sin.transpose(1, 2)[:, :, None]  # (B, T, 1, nh, d/2)
+
+
 class SelfAttention(nn.Module):
     """Bidirectional multi-head self-attention; RoPE rotates queries and keys when tables are given."""
 
@@ -77,8 +88,8 @@ class SelfAttention(nn.Module):
 
         Args:
             x: ``(B, T, H)`` hidden states.
-            cos, sin: ``(B, T, d/2)`` RoPE tables from ``rope_angles``, or ``None`` (no rotation: the absolute
-                ablation).
+            cos, sin: ``(B, T, d/2)`` RoPE tables from ``rope_angles`` (or ``(B, nh, T, d/2)`` from
+                ``per_head_angles``), or ``None`` (no rotation: the absolute ablation).
             attn_mask: ``(B, 1, 1, T)`` or ``(B, 1, T, T)`` bool, True where a key may be attended to (see
                 :func:`key_padding_mask` and :func:`visit_causal_mask`), or ``None`` for no padding.
 
@@ -86,13 +97,12 @@ class SelfAttention(nn.Module):
             ``(B, T, H)``.
         """
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=-1)  # 3 x (B, T, H)
-        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, d)
-        k = k.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, d)
-        v = v.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, d)
+        qkv = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim))  # (B, T, 3, nh, d)
+        qk, v = qkv[:, :, :2], qkv[:, :, 2]  # (B, T, 2, nh, d), (B, T, nh, d): views, no copies
         if cos is not None and sin is not None:
-            q = apply_rope(q, cos, sin)
-            k = apply_rope(k, cos, sin)
+            qk = rotate(qk, *_qk_tables(cos, sin))  # queries and keys in one op
+        q, k = qk.transpose(1, 3).unbind(2)  # 2 x (B, nh, T, d)
+        v = v.transpose(1, 2)  # (B, nh, T, d)
         # Dropout on the attention weights only while training: any p > 0 sends CPU to the slow math path.
         dropout_p = self.attention_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)  # (B, nh, T, d)
