@@ -9,7 +9,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from behrt_rope.model.attention import visit_causal_mask
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.encoder import BehrtEncoder, init_weights, positions_for
 from behrt_rope.model.label_attention import LabelAttention
@@ -164,28 +163,27 @@ class BehrtForMultiLabel(nn.Module):
         if self.pooling == "visit":
             if score_at is None:
                 raise ValueError("visit pooling needs score_at: the [SEP] positions to score")
-            seen = visit_causal_mask(visit_index, attention_mask)[:, 0].to(hidden.dtype)  # (B, T, T)
-            return self._visit_features(hidden, seen, ages, score_at)
+            return self._visit_features(hidden, ages, score_at)
         if self.pooling == "cls":
             return hidden[:, 0]  # (B, H)
         weights = attention_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
         total = (hidden * weights).sum(dim=1)  # (B, H)
         return total / weights.sum(dim=1).clamp(min=1.0)  # (B, H); an all-padding row pools to 0
 
-    def _visit_features(
-        self, hidden: torch.Tensor, seen: torch.Tensor, ages: torch.Tensor, score_at: torch.Tensor
-    ) -> torch.Tensor:
+    def _visit_features(self, hidden: torch.Tensor, ages: torch.Tensor, score_at: torch.Tensor) -> torch.Tensor:
         """``(N, 2H + k + 1)``: the [SEP] state, the mean state of the history and Time2Vec of the age; with
         ``config.history_max``, ``(N, 3H + k + 1)``: also the elementwise max over the history's states.
 
         A mean over ``n`` tokens shrinks one recorded code's trace ``n`` times; the max keeps it at full
         size however long the history, so "was it ever recorded" is as easy to read at visit 30 as at
-        visit 2. The stream is ordered by visit, so the history of the [SEP] at position ``p`` is the prefix
-        ``0..p`` and its max is a running max along the row.
+        visit 2. The stream is ordered by visit and padding comes last, so the history of the [SEP] at
+        position ``p`` is exactly the real tokens ``0..p``: its mean and max are a running sum (over ``p + 1``)
+        and a running max along the row, O(T H) per patient.
         """
-        history_mean = (seen @ hidden) / seen.sum(-1, keepdim=True).clamp(min=1.0)  # (B, T, H)
+        count = score_at.nonzero()[:, 1:].to(hidden.dtype) + 1.0  # (N, 1): tokens in each scored history
+        history_mean = hidden.cumsum(dim=1)[score_at] / count  # (N, H)
         age = self.encoder.embeddings.age.features(ages[score_at]).to(hidden.dtype)  # (N, k + 1)
-        parts = [hidden[score_at], history_mean[score_at]]
+        parts = [hidden[score_at], history_mean]
         if self.config.history_max:
             parts.append(torch.cummax(hidden, dim=1).values[score_at])  # (N, H)
         return torch.cat([*parts, age], dim=-1)
@@ -209,8 +207,7 @@ class BehrtForMultiLabel(nn.Module):
         if score_at is None:
             raise ValueError("visit pooling needs score_at: the [SEP] positions to score")
         hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, visit_causal=True)
-        seen = visit_causal_mask(visit_index, attention_mask)[:, 0]  # (B, T, T) bool
-        features = self._visit_features(hidden, seen.to(hidden.dtype), ages, score_at)  # (N, P)
+        features = self._visit_features(hidden, ages, score_at)  # (N, P)
         logits = self.classifier(self.drop(features))  # (N, L)
         if isinstance(self.label_attention, TokenLabelAttention):
             logits = logits + self.label_attention(self.drop(hidden), token_ids, visit_index, ages, score_at)
