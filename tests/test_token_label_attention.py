@@ -83,3 +83,57 @@ def test_time_since_the_record_enters_the_score_with_the_right_sign():
     # log(1 + 10) = 2.4, log(1 + 2000) = 7.6: the bias takes ~7 (recent) or ~23 (old) off CODE's score of 10,
     # against the sink and visit 1's OTHER token at 0: weight e^2.8 / (2 + e^2.8) = 0.89 vs ~1e-6.
     assert recent > 0.85 and old < 1e-4
+
+
+def _token_level_reference(attention: TokenLabelAttention, hidden, token_ids, visit_index, ages, score_at):
+    """The defining formula, one scored position and one token at a time (no per-visit grouping)."""
+    out = []
+    for b, p in score_at.nonzero().tolist():
+        keys = attention.key(hidden[b]).view(-1, attention.num_heads, KEY_SIZE)  # (T, nh, k)
+        votes = attention.value(hidden[b]).view(-1, attention.num_heads, attention.num_labels)  # (T, nh, L)
+        logit = torch.zeros(attention.num_labels, dtype=torch.float64)
+        for h in range(attention.num_heads):
+            sink = (attention.query[h] @ attention.sink_key[h]) / KEY_SIZE**0.5  # (L,)
+            scores, values = [sink], [attention.sink_value[h]]
+            for t in range(p):
+                if token_ids[b, t] < N_SPECIAL:
+                    continue
+                days = max(0.0, float(ages[b, p] - ages[b, t]) * DAYS_PER_YEAR)
+                visits = max(0, int(visit_index[b, p] - visit_index[b, t]))
+                e = attention.elapsed(
+                    torch.tensor(
+                        [[float(torch.log1p(torch.tensor(days))), float(torch.log1p(torch.tensor(float(visits))))]]
+                    )
+                )[0]
+                scores.append(attention.query[h] @ keys[t, h] / KEY_SIZE**0.5 + attention.time_bias[h] @ e)
+                values.append(votes[t, h] + e @ attention.time_value[:, h])
+            weights = torch.softmax(torch.stack(scores), dim=0)  # (1 + tokens, L)
+            logit += (weights * torch.stack(values)).sum(0).double()
+        out.append(logit)
+    return torch.stack(out)
+
+
+def test_per_visit_form_equals_the_token_level_formula():
+    """Scoring sums each visit's tokens first; with random weights it must match the token-by-token softmax."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=12, hidden_size=16, num_heads=2, label_attention_heads=2)
+    attention = TokenLabelAttention(config, num_labels=3)
+    with torch.no_grad():
+        for p in attention.parameters():
+            p.normal_(0.0, 0.5)
+    # Two patients, padded: visits of 2, 0 (a [SEP] with no code after truncation) and 3 codes.
+    ids = [
+        [CLS_ID, 5, 6, SEP_ID, SEP_ID, 7, 5, 9, SEP_ID],
+        [CLS_ID, 8, SEP_ID, 8, 10, SEP_ID, 0, 0, 0],
+    ]
+    visits = [[0, 0, 0, 0, 1, 2, 2, 2, 2], [0, 0, 0, 1, 1, 1, 0, 0, 0]]
+    visit_ages = [[60.0, 60.5, 62.0], [30.0, 30.01]]
+    token_ids, visit_index = torch.tensor(ids), torch.tensor(visits)
+    ages = torch.tensor([[visit_ages[b][v] for v in row] for b, row in enumerate(visits)])
+    score_at = token_ids == SEP_ID
+    hidden = torch.randn(2, 9, 16)
+    with torch.no_grad():
+        fast = attention(hidden, token_ids, visit_index, ages, score_at)
+        reference = _token_level_reference(attention, hidden, token_ids, visit_index, ages, score_at)
+    assert fast.shape == (5, 3)
+    torch.testing.assert_close(fast.double(), reference, rtol=1e-5, atol=1e-5)
