@@ -54,13 +54,29 @@ def is_primary_process() -> bool:
     return all(os.environ.get(name, "0") in ("", "0") for name in RANK_VARIABLES)
 
 
-def is_done(out_dir: Path, resolved: Any) -> bool:
-    """True when ``out_dir`` holds a finished run of exactly this configuration."""
+def is_done(out_dir: Path, resolved: Any, ignore: Iterable[str] = ()) -> bool:
+    """True when ``out_dir`` holds a finished run of exactly this configuration.
+
+    ``ignore``: dotted keys (e.g. ``model.wide``) left out of the comparison, for settings that the stage
+    records but does not use.
+    """
     marker = out_dir / schema.DONE_MARKER
     saved = out_dir / schema.RESOLVED_CONFIG_FILE
     if not (marker.exists() and saved.exists()):
         return False
-    return bool(yaml.safe_load(saved.read_text()) == config_lib.to_dict(resolved))
+    before, now = yaml.safe_load(saved.read_text()), config_lib.to_dict(resolved)
+    for key in ignore:
+        for tree in (before, now):
+            _drop(tree, key.split("."))
+    return bool(before == now)
+
+
+def _drop(tree: Any, path: list[str]) -> None:
+    """Remove ``tree[path[0]][path[1]]...`` if it is there."""
+    for name in path[:-1]:
+        tree = tree.get(name) if isinstance(tree, dict) else None
+    if isinstance(tree, dict):
+        tree.pop(path[-1], None)
 
 
 def require_done(stage_dir: str | Path, producer: str) -> Path:

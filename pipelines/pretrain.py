@@ -15,7 +15,7 @@ from behrt_rope import schema as S
 from behrt_rope.data.datasets import MlmCollator, PatientDataset
 from behrt_rope.data.sequences import load_tokens, load_vocabulary
 from behrt_rope.errors import UserError
-from behrt_rope.model.config import ModelConfig
+from behrt_rope.model.config import HEAD_FIELDS, ModelConfig
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import save_bundle, task_state_dict
 from behrt_rope.training.checkpoints import load_task_weights
@@ -49,7 +49,8 @@ def run(config: Config) -> Path:
         raise UserError("pretrain needs --data ETL_DIR and --out DIR")
     out_dir = Path(config.out)
     require_done(config.data, "etl")
-    if not config.overwrite and not config.resume and is_done(out_dir, config):
+    head = [f"model.{name}" for name in HEAD_FIELDS]  # fine-tuning settings: pre-training does not use them
+    if not config.overwrite and not config.resume and is_done(out_dir, config, ignore=head):
         log.info("pretrain: %s already holds this run; skipping (overwrite=true to redo)", out_dir)
         return out_dir
     seqs, vocab = load_tokens(config.data), load_vocabulary(config.data)

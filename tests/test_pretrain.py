@@ -6,6 +6,7 @@ whole module stays within a few tens of seconds on two CPU cores.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -18,14 +19,17 @@ import pytorch_lightning as pl
 import torch
 from fixtures_training import build_etl, pretrain_argv, read_metrics
 
+from behrt_rope import config as config_lib
 from behrt_rope import schema as S
 from behrt_rope.cli import main
 from behrt_rope.model import ModelConfig
+from behrt_rope.stage import is_done
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.checkpoints import load_checkpoint
 from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.tasks import MaskedLMTask
 from behrt_rope.training.trainer import build_trainer, resolve_precision
+from pipelines.pretrain import Config as PretrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,7 +78,20 @@ def test_pretrain_writes_metrics_checkpoints_and_bundle(pretrained: Path) -> Non
 def test_rerun_of_a_finished_run_is_skipped(pretrained: Path, etl_dir: Path) -> None:
     before = (pretrained / S.MODEL_WEIGHTS_FILE).stat().st_mtime_ns
     assert main(pretrain_argv(etl_dir, pretrained)) == 0
+    # Fine-tuning head settings do not change what pre-training does: still the same run.
+    head = ["model.label_attention_heads=1", "model.wide=true", "model.history_max=false"]
+    assert main([*pretrain_argv(etl_dir, pretrained), *head]) == 0
     assert (pretrained / S.MODEL_WEIGHTS_FILE).stat().st_mtime_ns == before
+
+
+def test_done_check_ignores_only_the_keys_it_is_told(pretrained: Path) -> None:
+    saved = config_lib.build(PretrainConfig, config_lib.load_yaml(pretrained / S.RESOLVED_CONFIG_FILE))
+    assert is_done(pretrained, saved)
+    head_changed = dataclasses.replace(saved, model=dataclasses.replace(saved.model, wide=not saved.model.wide))
+    assert not is_done(pretrained, head_changed)
+    assert is_done(pretrained, head_changed, ignore=["model.wide"])
+    encoder_changed = dataclasses.replace(saved, model=dataclasses.replace(saved.model, num_layers=9))
+    assert not is_done(pretrained, encoder_changed, ignore=["model.wide"])
 
 
 def test_resume_last_continues_training(pretrained: Path, etl_dir: Path, tmp_path: Path) -> None:
