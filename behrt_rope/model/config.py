@@ -51,8 +51,9 @@ class ModelConfig:
     label_attention_heads: int = 2
     """Fine-tuning head (visit pooling): heads of the per-label attention over the history, in which each
     label has its own query (0: none). Head settings apply at finetune even with --pretrained (pre-training
-    has no such head). On by default since it learns recency: +0.002-0.004 tuning macro AP at ~1.6x the
-    fine-tuning time per epoch (docs/benchmarks.md, "Settings study")."""
+    has no such head). On by default since it learns presence, counts and recency: with token keys, +0.002 to
+    +0.007 tuning macro AP, at about 10% more CPU per training step than without it; 4 heads cost 1.26x the
+    fine-tuning time of 2 for the same tuning AP (docs/benchmarks.md, "Settings study")."""
     history_max: bool = True
     """Fine-tuning head (visit pooling): the classifier also reads the elementwise max of the states of the
     history, which keeps a code recorded once visible however long the history grows."""
