@@ -41,6 +41,8 @@ from behrt_rope.training.tasks import MultiLabelTask
 from behrt_rope.training.trainer import build_trainer, resume_path
 
 log = logging.getLogger("behrt_rope.finetune")
+RUN_FIELDS = (*HEAD_FIELDS, "dropout", "attention_dropout")
+"""``model.*`` settings taken from the fine-tuning run even when the encoder comes pre-trained."""
 
 
 @dataclass
@@ -201,8 +203,12 @@ def _split_data(
 
 
 def _encoder_start(config: Config, tokens: list[str]) -> tuple[ModelConfig, dict | None]:
-    """Model configuration and encoder weights: from the pre-trained bundle (the head's settings, which
-    pre-training does not use, from this run's ``model.*``), or fresh."""
+    """Model configuration and encoder weights: from the pre-trained bundle, or fresh.
+
+    With a bundle, the head's settings (which pre-training does not use) and the dropout rates (which do not
+    change any weight) come from this run's ``model.*``; any other ``model.*`` set to a value that differs
+    from the bundle's is an error rather than silently ignored.
+    """
     if not config.pretrained:
         return dataclasses.replace(config.model, vocab_size=len(tokens)), None
     bundle = load_bundle(config.pretrained, "mlm")
@@ -211,8 +217,19 @@ def _encoder_start(config: Config, tokens: list[str]) -> tuple[ModelConfig, dict
             f"{config.pretrained} was pre-trained on a different vocabulary than {config.data}; "
             "pre-train and fine-tune on the same ETL output"
         )
-    head = {name: getattr(config.model, name) for name in HEAD_FIELDS}
-    return dataclasses.replace(bundle["model_config"], **head), bundle["state_dict"]
+    encoder: ModelConfig = bundle["model_config"]
+    defaults = ModelConfig()
+    for f in dataclasses.fields(ModelConfig):
+        mine, theirs = getattr(config.model, f.name), getattr(encoder, f.name)
+        if f.name in RUN_FIELDS or f.name == "vocab_size" or mine in (theirs, getattr(defaults, f.name)):
+            continue
+        raise UserError(
+            f"model.{f.name}={mine} differs from the pre-trained encoder's {f.name}={theirs} "
+            f"({config.pretrained}): the encoder's settings come with --pretrained; drop model.{f.name} "
+            "or pre-train with it"
+        )
+    run = {name: getattr(config.model, name) for name in RUN_FIELDS}
+    return dataclasses.replace(encoder, **run), bundle["state_dict"]
 
 
 def _etl_settings(etl_dir: str) -> dict:

@@ -196,3 +196,25 @@ def test_oracle_refused_when_the_etl_merges_its_codes(oracle_run, visits_run, ca
     assert main([*argv, f"oracle={cohort}", "n_bootstrap=5", "gradient_boosting=false"]) != 0
     assert "become one token" in capsys.readouterr().err
     assert not (root / "ev_oracle" / S.DONE_MARKER).exists()
+
+
+@pytest.mark.slow
+def test_finetune_takes_head_and_dropout_from_its_own_settings_and_refuses_a_clashing_encoder(visits_run):
+    from behrt_rope import config as config_lib
+    from behrt_rope.errors import UserError
+    from pipelines.finetune import Config, _encoder_start
+
+    _, d = visits_run
+    tokens = pd.read_parquet(d["etl"] / S.VOCAB_FILE)["token"].tolist()
+
+    def start(*overrides: str):
+        config = config_lib.build(Config, {"data": str(d["etl"]), "pretrained": str(d["pre"])}, list(overrides))
+        return _encoder_start(config, tokens)
+
+    model, weights = start("model.dropout=0.0", "model.label_attention_heads=3", *TINY_MODEL)
+    assert weights is not None
+    assert model.dropout == 0.0 and model.label_attention_heads == 3  # this run's, not the bundle's
+    pretrained = json.loads((d["pre"] / S.MODEL_META_FILE).read_text())
+    assert model.hidden_size == pretrained["model_config"]["hidden_size"]  # the encoder's, from the bundle
+    with pytest.raises(UserError, match=r"model.num_layers=7 differs from the pre-trained encoder's num_layers"):
+        start("model.num_layers=7")
