@@ -61,6 +61,10 @@ class ModelConfig:
     """What the per-label attention reads: every earlier code token, with a learned label-specific function
     of the days and visits since it was recorded (token; ``token_label_attention.py``), or the [SEP] states
     of earlier visits, half the heads rotated by visit index and half by age in days (visit)."""
+    age_basis: int = 32
+    """Fine-tuning head (visit pooling): width of a learned basis of the age at the scored visit (GELU of a
+    linear map of age / 10 and log(1 + age), in years) that the classifier reads beside Time2Vec(age), so that
+    each label can have its own sharp age profile (childhood infections, pregnancy, old-age fractures); 0: off."""
     wide: bool = False
     """Fine-tuning head (visit pooling): add the wide linear path over log(1 + count) of each code seen.
     Off by default: with history max pooling and token-level label attention the encoder alone did better
@@ -73,11 +77,13 @@ class ModelConfig:
             raise ValueError("the head size (hidden_size / num_heads) must be even for rotary embedding")
         if not 0 <= self.age_heads <= self.num_heads:
             raise ValueError(f"age_heads must lie in [0, num_heads={self.num_heads}], got {self.age_heads}")
+        if self.age_basis < 0:
+            raise ValueError(f"age_basis must be >= 0, got {self.age_basis}")
         if self.label_attention_heads < 0:
             raise ValueError(f"label_attention_heads must be >= 0, got {self.label_attention_heads}")
         if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attention_dropout < 1.0:
             raise ValueError("dropout and attention_dropout must lie in [0, 1)")
 
 
-HEAD_FIELDS = ("label_attention_heads", "label_attention_keys", "history_max", "wide")
+HEAD_FIELDS = ("label_attention_heads", "label_attention_keys", "history_max", "age_basis", "wide")
 """ModelConfig fields of the fine-tuning head; the encoder's other fields come with a pre-trained encoder."""

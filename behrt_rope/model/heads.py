@@ -133,7 +133,11 @@ class BehrtForMultiLabel(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         visit = pooling == "visit"
         history_parts = 3 if config.history_max else 2  # [SEP] state, history mean (, history max)
-        pooled_size = history_parts * config.hidden_size + config.time2vec_periodic + 1 if visit else config.hidden_size
+        age_parts = config.time2vec_periodic + 1 + config.age_basis
+        pooled_size = history_parts * config.hidden_size + age_parts if visit else config.hidden_size
+        self.age_basis = (
+            nn.Sequential(nn.Linear(2, config.age_basis), nn.GELU()) if visit and config.age_basis else None
+        )
         self.classifier = nn.Linear(pooled_size, num_labels)
         self.classifier.apply(init_weights)
         self.wide = nn.Linear(config.vocab_size, num_labels, bias=False) if visit and config.wide else None
@@ -158,8 +162,8 @@ class BehrtForMultiLabel(nn.Module):
         score_at: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``hidden`` ``(B, T, H)``, ``attention_mask`` ``(B, T)`` bool -> ``(B, H)``; or, for ``"visit"``
-        pooling, ``(N, 2H + k + 1)`` at the ``N`` positions of ``score_at`` (row-major order): the [SEP]
-        state, the mean state of every token up to that visit and the Time2Vec features of its age."""
+        pooling, the features of :meth:`_visit_features` at the ``N`` positions of ``score_at`` (row-major
+        order)."""
         if self.pooling == "visit":
             if score_at is None:
                 raise ValueError("visit pooling needs score_at: the [SEP] positions to score")
@@ -171,8 +175,9 @@ class BehrtForMultiLabel(nn.Module):
         return total / weights.sum(dim=1).clamp(min=1.0)  # (B, H); an all-padding row pools to 0
 
     def _visit_features(self, hidden: torch.Tensor, ages: torch.Tensor, score_at: torch.Tensor) -> torch.Tensor:
-        """``(N, 2H + k + 1)``: the [SEP] state, the mean state of the history and Time2Vec of the age; with
-        ``config.history_max``, ``(N, 3H + k + 1)``: also the elementwise max over the history's states.
+        """``(N, 2H + k + 1 + A)``: the [SEP] state, the mean state of the history, Time2Vec of the age and
+        ``A = config.age_basis`` learned features of the age; with ``config.history_max``, ``(N, 3H + k + 1 + A)``:
+        also the elementwise max over the history's states.
 
         A mean over ``n`` tokens shrinks one recorded code's trace ``n`` times; the max keeps it at full
         size however long the history, so "was it ever recorded" is as easy to read at visit 30 as at
@@ -186,7 +191,12 @@ class BehrtForMultiLabel(nn.Module):
         parts = [hidden[score_at], history_mean]
         if self.config.history_max:
             parts.append(torch.cummax(hidden, dim=1).values[score_at])  # (N, H)
-        return torch.cat([*parts, age], dim=-1)
+        parts.append(age)
+        if self.age_basis is not None:
+            years = ages[score_at].float()[:, None]  # (N, 1)
+            scaled = torch.cat([years / 10.0, torch.log1p(years.clamp(min=0.0))], dim=-1)  # (N, 2)
+            parts.append(self.age_basis(scaled).to(hidden.dtype))  # (N, age_basis)
+        return torch.cat(parts, dim=-1)
 
     def forward(
         self,
