@@ -21,8 +21,10 @@ from behrt_rope import schema as S
 from behrt_rope.cli import main
 from behrt_rope.errors import ArtifactError
 from behrt_rope.model import ModelConfig
+from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.training.bundle import load_bundle, save_bundle
 from behrt_rope.training.checkpoints import load_checkpoint
+from behrt_rope.training.inference import multilabel_model
 
 FINETUNE = ("--max-epochs", "1", "task.min_label_count=2", *TINY_MODEL, *FAST_TRAINER)
 
@@ -94,6 +96,23 @@ def test_bundle_round_trips_every_model_config_field(tmp_path: Path) -> None:
     assert dataclasses.asdict(loaded["model_config"]) == dataclasses.asdict(config)
     assert loaded["vocabulary"] == ["[PAD]", "E11"]
     assert all(torch.equal(loaded["state_dict"][k], v) for k, v in state.items())
+
+
+def test_a_model_saved_before_a_head_field_existed_loads_as_the_model_it_was(tmp_path: Path) -> None:
+    """A model.json without the fields added since (history max, token keys, age basis) describes a model
+    without them: it must load into the same weights, not into today's defaults."""
+    config = ModelConfig(vocab_size=30, hidden_size=16, num_layers=1, num_heads=2, label_attention_heads=2)
+    old = dataclasses.replace(config, history_max=False, label_attention_keys="visit", age_basis=0)
+    model = BehrtForMultiLabel(old, num_labels=4)
+    save_bundle(tmp_path, "multilabel", old, model.state_dict(), labels=["A", "B", "C", "D"], pooling="visit")
+    (tmp_path / S.DONE_MARKER).write_text("finetune\n")
+    meta = json.loads((tmp_path / S.MODEL_META_FILE).read_text())
+    for name in ("history_max", "label_attention_keys", "age_basis"):
+        del meta["model_config"][name]
+    (tmp_path / S.MODEL_META_FILE).write_text(json.dumps(meta))
+    loaded = load_bundle(tmp_path, "multilabel")
+    assert loaded["model_config"] == old
+    multilabel_model(loaded)  # strict load: every weight in place, none missing
 
 
 def test_save_bundle_refuses_a_value_json_cannot_hold_before_writing(tmp_path: Path) -> None:

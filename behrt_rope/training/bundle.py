@@ -28,6 +28,9 @@ from behrt_rope.stage import require_done
 
 FORMAT = "behrt-rope-model"
 FORMAT_VERSION = 1
+ADDED_LATER: dict[str, Any] = {"history_max": False, "label_attention_keys": "visit", "age_basis": 0}
+"""ModelConfig fields added after format version 1, with the value that a ``model.json`` written before them
+means: the model as it was then (their current defaults would describe a different set of weights)."""
 
 
 def save_bundle(
@@ -71,7 +74,8 @@ def load_bundle(stage_dir: str | Path, kind: str) -> dict[str, Any]:
     if meta.get("kind") != kind:
         raise ArtifactError(f"{meta_path}: holds a '{meta.get('kind')}' model, expected '{kind}'")
     try:
-        meta["model_config"] = config_lib.build(ModelConfig, meta.get("model_config") or {})
+        stored = meta.get("model_config") or {}
+        meta["model_config"] = config_lib.build(ModelConfig, {**ADDED_LATER, **stored} if stored else stored)
     except config_lib.ConfigError as err:
         raise ArtifactError(f"{meta_path}: model_config: {err}") from None
     meta["state_dict"] = read_weights(weights)
