@@ -106,8 +106,8 @@ class BehrtForMultiLabel(nn.Module):
     * ``"visit"`` (default): the encoder runs visit-causally (tokens see only their own and earlier visits)
       and the state of a visit's [SEP] summarises the history up to and including that visit. One pass over
       a patient scores every prediction time at once: pass ``score_at`` (B, T) bool marking the [SEP]
-      tokens to score. The classifier reads the [SEP] state, the mean state of the history and the
-      Time2Vec features of the age at that visit; a *wide* linear path (Cheng et al., 2016, "Wide & Deep")
+      tokens to score. The classifier reads the [SEP] state, the mean (and max) state of the history, the
+      Time2Vec features of the age at that visit and a learned basis of that age; a *wide* linear path (Cheng et al., 2016, "Wide & Deep")
       adds a logit from log(1 + count) of every code seen so far. That path starts at zero and gives the
       model directly what a bag-of-codes regression sees, so the transformer spends its capacity on order
       and timing instead of re-learning which codes were present (``config.wide``). A label-wise attention
