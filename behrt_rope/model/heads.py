@@ -107,12 +107,12 @@ class BehrtForMultiLabel(nn.Module):
       and the state of a visit's [SEP] summarises the history up to and including that visit. One pass over
       a patient scores every prediction time at once: pass ``score_at`` (B, T) bool marking the [SEP]
       tokens to score. The classifier reads the [SEP] state, the mean (and max) state of the history, the
-      Time2Vec features of the age at that visit and a learned basis of that age; a *wide* linear path (Cheng et al., 2016, "Wide & Deep")
-      adds a logit from log(1 + count) of every code seen so far. That path starts at zero and gives the
-      model directly what a bag-of-codes regression sees, so the transformer spends its capacity on order
-      and timing instead of re-learning which codes were present (``config.wide``). A label-wise attention
-      over the history (``config.label_attention_heads``, see ``label_attention.py``) adds one more logit per
-      label, from the tokens that label's query picks out, weighed by how many visits and days ago they were.
+      Time2Vec features of the age at that visit and a learned basis of that age. A label-wise attention over
+      the history (``config.label_attention_heads``, see ``token_label_attention.py``) adds one more logit per
+      label, from the codes that label's query picks out, weighed by how many visits and days ago they were
+      recorded. An optional *wide* linear path (Cheng et al., 2016, "Wide & Deep"; ``config.wide``, off by
+      default) adds a logit from log(1 + count) of every code seen so far: what a bag-of-codes regression
+      sees, from step one.
     * ``"cls"``: the ``[CLS]`` state (position 0) of a bidirectional pass over the input (one prediction
       time per sequence, the input cut at it), as BEHRT did.
     * ``"mean"``: the mean of the real tokens' states of a bidirectional pass.
