@@ -220,6 +220,7 @@ ETL_SETTINGS_FILE: Final = "etl_settings.json"  # what predict needs to re-apply
 RESOLVED_CONFIG_FILE: Final = "config.yaml"
 LOG_FILE: Final = "run.log"
 DONE_MARKER: Final = ".done"  # written last: a directory without it is incomplete
+INPUTS_FILE: Final = ".inputs.json"  # the finished runs of the stage directories this run read (see stage.py)
 LOCK_FILE: Final = ".lock"  # held by the run writing the directory (pid, host); see locking.py
 METRICS_FILE: Final = "metrics.json"
 CHECKPOINT_DIR: Final = "checkpoints"

@@ -11,6 +11,7 @@ directory without ``.done`` is incomplete, and every stage that reads another st
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -54,8 +55,15 @@ def is_primary_process() -> bool:
     return all(os.environ.get(name, "0") in ("", "0") for name in RANK_VARIABLES)
 
 
-def is_done(out_dir: Path, resolved: Any, ignore: Iterable[str] = ()) -> bool:
-    """True when ``out_dir`` holds a finished run of exactly this configuration.
+ALWAYS_IGNORED = ("overwrite", "resume")
+"""Instructions about how to run, not settings of the work: a rerun without them is the same run."""
+
+
+def is_done(
+    out_dir: Path, resolved: Any, ignore: Iterable[str] = (), inputs: Iterable[str | Path | None] | None = None
+) -> bool:
+    """True when ``out_dir`` holds a finished run of exactly this configuration, made from the same runs of
+    the stage directories it reads (``inputs``): a model re-trained since makes its evaluation stale.
 
     ``ignore``: dotted keys (e.g. ``model.wide``) left out of the comparison, for settings that the stage
     records but does not use.
@@ -65,10 +73,24 @@ def is_done(out_dir: Path, resolved: Any, ignore: Iterable[str] = ()) -> bool:
     if not (marker.exists() and saved.exists()):
         return False
     before, now = yaml.safe_load(saved.read_text()), config_lib.to_dict(resolved)
-    for key in ignore:
+    for key in (*ALWAYS_IGNORED, *ignore):
         for tree in (before, now):
             _drop(tree, key.split("."))
-    return bool(before == now)
+    if before != now or inputs is None:  # no inputs given: the configuration decides alone
+        return bool(before == now)
+    recorded = out_dir / schema.INPUTS_FILE
+    made_from = json.loads(recorded.read_text()) if recorded.exists() else {}
+    return bool(made_from == input_runs(inputs))
+
+
+def input_runs(inputs: Iterable[str | Path | None]) -> dict[str, int]:
+    """Which finished run each input stage directory holds: its ``.done`` marker's write time (ns), which
+    changes with every run that finishes there (a skipped rerun does not rewrite it)."""
+    runs = {}
+    for path in inputs:
+        if path and (Path(path) / schema.DONE_MARKER).exists():
+            runs[str(Path(path).resolve())] = (Path(path) / schema.DONE_MARKER).stat().st_mtime_ns
+    return runs
 
 
 def _drop(tree: Any, path: list[str]) -> None:
@@ -99,11 +121,13 @@ def require_done(stage_dir: str | Path, producer: str) -> Path:
 
 
 @contextmanager
-def stage(out_dir: str | Path, resolved: Any, name: str) -> Iterator[Path]:
-    """Lock and open a stage's output directory with a log file; on success save the config and ``.done``.
+def stage(out_dir: str | Path, resolved: Any, name: str, inputs: Iterable[str | Path | None] = ()) -> Iterator[Path]:
+    """Lock and open a stage's output directory with a log file; on success save the config, which runs of
+    the ``inputs`` stage directories it was made from (see :func:`is_done`), and ``.done``.
 
     In a distributed run only the primary process locks the directory and writes the config and marker.
     """
+    made_from = input_runs(inputs)  # before the work: what the run reads is what it was made from
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     primary = is_primary_process()
@@ -122,6 +146,7 @@ def stage(out_dir: str | Path, resolved: Any, name: str) -> Iterator[Path]:
         yield out
         if primary:
             config_lib.save(resolved, out / schema.RESOLVED_CONFIG_FILE)
+            atomic.write_text(out / schema.INPUTS_FILE, json.dumps(made_from, indent=1) + "\n")
             atomic.write_text(out / schema.DONE_MARKER, name + "\n")
 
 

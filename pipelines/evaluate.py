@@ -84,7 +84,7 @@ def run(config: Config) -> Path:
         raise UserError("evaluate needs --model FINETUNE_DIR, --data ETL_DIR and --out DIR")
     out_dir = Path(config.out)
     require_done(config.data, "etl")
-    if not config.overwrite and is_done(out_dir, config):
+    if not config.overwrite and is_done(out_dir, config, inputs=[config.model, config.data, config.oracle]):
         log.info("evaluate: %s already holds this run; skipping (overwrite=true to redo)", out_dir)
         return out_dir
     bundle = load_bundle(config.model, "multilabel")
@@ -98,7 +98,7 @@ def run(config: Config) -> Path:
     if len(samples) == 0:
         raise UserError(f"{config.data}: the held_out split has no {task.name} samples to evaluate")
     y, seen = targets(held, samples, label_of_token), history(held, samples, label_of_token)
-    with stage(out_dir, config, "evaluate") as out:
+    with stage(out_dir, config, "evaluate", inputs=[config.model, config.data, config.oracle]) as out:
         log.info(
             "evaluate: %d held-out samples from %d patients, %d labels",
             len(samples),

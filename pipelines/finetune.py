@@ -94,7 +94,7 @@ def run(config: Config) -> Path:
         raise UserError("finetune needs --data ETL_DIR and --out DIR")
     out_dir = Path(config.out)
     require_done(config.data, "etl")
-    if not config.overwrite and not config.resume and is_done(out_dir, config):
+    if not config.overwrite and not config.resume and is_done(out_dir, config, inputs=[config.data, config.pretrained]):
         log.info("finetune: %s already holds this run; skipping (overwrite=true to redo)", out_dir)
         return out_dir
     seqs, vocab = load_tokens(config.data), load_vocabulary(config.data)
@@ -121,7 +121,7 @@ def run(config: Config) -> Path:
         ", adapted to the data" if config.task.min_label_count is None else "",
         ", ".join(tokens[i] for i in label_ids[:10]) + (" ..." if len(label_ids) > 10 else ""),
     )
-    with stage(out_dir, config, "finetune") as out:
+    with stage(out_dir, config, "finetune", inputs=[config.data, config.pretrained]) as out:
         pl.seed_everything(tc.seed, workers=True, verbose=False)
         pos_weight = None
         if config.pos_weight:

@@ -50,7 +50,7 @@ def run(config: Config) -> Path:
     out_dir = Path(config.out)
     require_done(config.data, "etl")
     head = [f"model.{name}" for name in HEAD_FIELDS]  # fine-tuning settings: pre-training does not use them
-    if not config.overwrite and not config.resume and is_done(out_dir, config, ignore=head):
+    if not config.overwrite and not config.resume and is_done(out_dir, config, ignore=head, inputs=[config.data]):
         log.info("pretrain: %s already holds this run; skipping (overwrite=true to redo)", out_dir)
         return out_dir
     seqs, vocab = load_tokens(config.data), load_vocabulary(config.data)
@@ -59,7 +59,7 @@ def run(config: Config) -> Path:
         raise UserError(f"{config.data}: the train split has no patients")
     model_config = dataclasses.replace(config.model, vocab_size=len(vocab))
     tc = config.trainer
-    with stage(out_dir, config, "pretrain") as out:
+    with stage(out_dir, config, "pretrain", inputs=[config.data]) as out:
         pl.seed_everything(tc.seed, workers=True, verbose=False)
         train_set, tuning_set = PatientDataset(train), PatientDataset(tuning)
         train_loader = make_loader(train_set, tc, MlmCollator(len(vocab), tc.seed, mask_prob=config.mask_prob), True)

@@ -94,6 +94,25 @@ def test_done_check_ignores_only_the_keys_it_is_told(pretrained: Path) -> None:
     assert not is_done(pretrained, encoder_changed, ignore=["model.wide"])
 
 
+def test_a_new_run_of_an_input_stage_makes_the_output_stale(pretrained: Path, etl_dir: Path, tmp_path: Path) -> None:
+    """A finished run is reused only if what it read is the same run of its inputs: re-running the ETL (or
+    re-training a model before evaluating it) must not leave the old output looking current."""
+    saved = config_lib.build(PretrainConfig, config_lib.load_yaml(pretrained / S.RESOLVED_CONFIG_FILE))
+    assert is_done(pretrained, saved, inputs=[etl_dir])
+    assert is_done(pretrained, dataclasses.replace(saved, overwrite=True), inputs=[etl_dir])  # an instruction
+    etl_copy = tmp_path / "etl"
+    shutil.copytree(etl_dir, etl_copy)
+    assert not is_done(pretrained, saved, inputs=[etl_copy])  # another directory: another run
+    marker = etl_dir / S.DONE_MARKER
+    recorded = marker.stat().st_mtime_ns
+    try:
+        os.utime(marker, ns=(recorded + 1_000_000_000, recorded + 1_000_000_000))  # as a rerun rewrites it
+        assert not is_done(pretrained, saved, inputs=[etl_dir])
+    finally:
+        os.utime(marker, ns=(recorded, recorded))
+    assert is_done(pretrained, saved, inputs=[etl_dir])
+
+
 def test_resume_last_continues_training(pretrained: Path, etl_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "resumed"
     shutil.copytree(pretrained, out)
