@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from behrt_rope import schema as S
-from behrt_rope.engine.runtime import init_ray, pool_size
+from behrt_rope.engine.runtime import init_ray, pool_size, user_errors
 
 if TYPE_CHECKING:
     from pipelines.predict import Config, Job, Tally
@@ -96,7 +96,9 @@ def predict_on_ray(job: Job, config: Config, parts_dir: Path) -> Tally:
         num_gpus=1 if use_gpus else 0,
     )
     tally = Tally()
-    for row in sorted(scored.take_all(), key=lambda r: r["shard"]):
+    with user_errors():  # an input error found by an actor reads as with the local engine
+        rows = scored.take_all()
+    for row in sorted(rows, key=lambda r: r["shard"]):
         unknown = Counter(json.loads(row["unknown"]))
         tally.add(
             int(row["scored"]),

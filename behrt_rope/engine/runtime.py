@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 
 from behrt_rope.engine.config import RayConfig
@@ -46,3 +48,33 @@ def pool_size(ray: ModuleType, config: RayConfig, use_gpus: bool) -> int:
     if use_gpus and resources.get("GPU", 0) >= 1:
         return int(resources["GPU"])
     return max(1, int(resources.get("CPU", 1)) // config.cpus_per_worker)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Re-raise a :class:`UserError` raised inside a Ray task as itself, without Ray's wrapping and notes,
+    so that the message (file, column, example row) reads as it does with the local engine."""
+    try:
+        yield
+    except Exception as err:  # Ray's wrapper of a UserError is a UserError too: look inside every error
+        found = _user_error(err)
+        if found is None or found is err:
+            raise
+        # Ray Data appends retry advice to the message; a UserError's message is one line
+        raise type(found)(str(found).splitlines()[0]) from None
+
+
+def _user_error(err: BaseException) -> UserError | None:
+    """The first :class:`UserError` in the chain of causes of ``err`` that is not Ray's wrapper of one."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [err]
+    while todo:
+        current = todo.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        wrapped = getattr(current, "cause", None)  # a RayTaskError: the exception the task raised
+        if isinstance(current, UserError) and not isinstance(wrapped, BaseException):
+            return current
+        todo += [wrapped if isinstance(wrapped, BaseException) else None, current.__cause__, current.__context__]
+    return None

@@ -337,15 +337,24 @@ def present_mask(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 
 def check_parse_rate(
-    path: Path, column: str, raw: pa.ChunkedArray | pa.Array, parsed: np.ndarray, limit: float
+    path: Path,
+    column: str,
+    raw: pa.ChunkedArray | pa.Array,
+    parsed: np.ndarray,
+    limit: float,
+    rows: np.ndarray | None = None,
 ) -> None:
-    """Stop when most non-empty values of a date column fail to parse: the column has the wrong format."""
+    """Stop when most non-empty values of a date column fail to parse: the column has the wrong format.
+
+    ``rows``: each value's row number in the file, shape (values,), for the example (default: 0, 1, ...).
+    """
     present = present_mask(raw)
     failed = present & np.isnat(parsed)
     if present.sum() == 0 or failed.sum() / present.sum() <= limit:
         return
-    row = int(np.flatnonzero(failed)[0])
-    example = shown(first_value(raw[row : row + 1]))
+    first = int(np.flatnonzero(failed)[0])
+    example = shown(first_value(raw[first : first + 1]))
+    row = first if rows is None else int(rows[first])
     raise InputSchemaError(
         f"{path}: column '{column}' is not in ISO date format (YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS): "
         f"{failed.sum():,} of {present.sum():,} values do not parse (example row {row}: {example})"

@@ -51,12 +51,15 @@ EVENT_COLUMNS = (
 )
 
 
+Text = np.ndarray | pd.api.extensions.ExtensionArray  # a text column: object array or Arrow-backed strings
+
+
 def patients_frame(
-    patient_id: np.ndarray,
+    patient_id: Text,
     birth: np.ndarray,
-    birth_raw: np.ndarray,
+    birth_raw: Text,
     death: np.ndarray | None,
-    death_raw: np.ndarray | None,
+    death_raw: Text | None,
     source_table: str,
     source_row: np.ndarray,
 ) -> pd.DataFrame:
@@ -78,12 +81,12 @@ def patients_frame(
 
 
 def events_frame(
-    patient_id: np.ndarray,
+    patient_id: Text,
     time: np.ndarray,
-    time_raw: np.ndarray,
-    code: np.ndarray,
-    code_system: np.ndarray | None,
-    visit_id: np.ndarray | None,
+    time_raw: Text,
+    code: Text,
+    code_system: Text | None,
+    visit_id: Text | None,
     source_table: str,
     source_row: np.ndarray,
 ) -> pd.DataFrame:

@@ -1,7 +1,8 @@
 """The ETL as a whole: read shard by shard, clean, structure, fit the vocabulary, write tokens and manifest.
 
-Memory holds one patient shard at a time (``shards`` setting): each pass reads the input in streaming
-batches and keeps only the rows of its shard's patients (a hash of the patient id picks the shard), writes
+Memory holds one patient shard at a time (``shards`` setting): the input's schemas are checked once (the
+reader's plan), then each pass reads the input in streaming batches and keeps only the rows of its shard's
+patients (a hash of the patient id picks the shard), turns them into canonical tables, writes
 that shard's structured visits to a temporary folder, and counts its train codes. The vocabulary is fitted
 on the summed counts; a last pass turns each shard into ``tokens/part-NNNNN.parquet``.
 """
@@ -30,7 +31,7 @@ from behrt_rope.etl.clean import Cleaned, EventCodes, clean, quarantine_rows
 from behrt_rope.etl.codes import fit_vocabulary, token_codes
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.raw import RawTables
-from behrt_rope.etl.readers import reader_for
+from behrt_rope.etl.readers import format_reader, source
 from behrt_rope.etl.split import assign_splits
 from behrt_rope.etl.tokenize import Structured, structure, to_token_table
 
@@ -111,11 +112,14 @@ def run_etl(input_dir: Path, out_dir: Path, config: EtlConfig, progress: bool = 
     started = time.perf_counter()
     clear_outputs(out_dir)
     tmp = out_dir / TMP_DIR if config.shards > 1 else None
-    shards = range(config.shards)
-    results = [
-        read_shard(input_dir, config, shard, config.shards, tmp)
-        for shard in tqdm(shards, desc="etl: reading shards", disable=not progress or config.shards == 1)
-    ]
+    reader = format_reader(config.format)
+    plan = reader.plan(input_dir, config)  # schemas checked before any row is read
+    lookups = reader.lookups(plan, config)
+    facts = reader.facts(plan, config)
+    results = []
+    for shard in tqdm(range(config.shards), desc="etl: reading shards", disable=not progress or config.shards == 1):
+        raw = reader.build(source.gather(plan, reader.id_text, facts, shard, config.shards, lookups), config)
+        results.append(first_pass(raw, config, shard, tmp))  # the shard's raw batches are freed by now
     vocabulary = fit_vocabulary(sum_train_counts(results), config.min_code_count)
     token_stats = [write_shard_tokens(result, vocabulary, shard, out_dir, tmp) for shard, result in enumerate(results)]
     manifest = finish_etl(results, vocabulary, token_stats, config, input_dir, out_dir)
@@ -123,10 +127,10 @@ def run_etl(input_dir: Path, out_dir: Path, config: EtlConfig, progress: bool = 
     return manifest
 
 
-def read_shard(input_dir: Path, config: EtlConfig, shard: int, n_shards: int, tmp: Path | None) -> ShardResult:
-    """First pass over one patient shard: read, clean, structure, count train codes; with ``tmp``, move its
-    tables to ``tmp/NNNNN`` so that only counts stay in memory."""
-    result = process_shard(reader_for(config.format)(input_dir, config, shard, n_shards), config)
+def first_pass(raw: RawTables, config: EtlConfig, shard: int, tmp: Path | None) -> ShardResult:
+    """First pass over one patient shard's canonical tables: clean, structure, count train codes; with
+    ``tmp``, move its tables to ``tmp/NNNNN`` so that only counts stay in memory. Both engines call it."""
+    result = process_shard(raw, config)
     result.train_counts = _train_token_counts(result)
     if tmp is not None:
         _spill(result, tmp / f"{shard:05d}")

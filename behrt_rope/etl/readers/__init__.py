@@ -1,24 +1,60 @@
 """Readers turn one input layout into canonical :class:`~behrt_rope.etl.raw.RawTables`, shard by shard.
 
-Each reader module exposes ``read(input_dir, config, shard, n_shards) -> RawTables``.
+Each reader module exposes ``read(input_dir, config, shard, n_shards) -> RawTables`` and the parts it is
+made of, so that another engine can do the reading (:class:`FormatReader`, :mod:`.source`).
 """
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, cast
+
+import numpy as np
+import pyarrow as pa
 
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.raw import RawTables
+from behrt_rope.etl.readers.source import BatchFacts, Plan, ShardInput
 
 
 class Reader(Protocol):
     def __call__(self, input_dir: Path, config: EtlConfig, shard: int, n_shards: int) -> RawTables: ...
 
 
+class FormatReader(Protocol):
+    """A reader module, split into what reads the files and what turns one shard's rows into tables."""
+
+    def read(self, input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) -> RawTables:
+        """:func:`plan`, :func:`lookups`, a streaming read of one shard (``source.gather``), :func:`build`."""
+        ...
+
+    def plan(self, input_dir: Path, config: EtlConfig) -> Plan:
+        """Files and columns to read, checked on the schemas (raises ``InputSchemaError``)."""
+        ...
+
+    def lookups(self, plan: Plan, config: EtlConfig) -> Any:
+        """Small reference tables every shard needs (None, MEDS metadata, OMOP concepts)."""
+        ...
+
+    def id_text(self, array: pa.Array) -> np.ndarray:
+        """Patient ids as the text the shard hash is taken of."""
+        ...
+
+    def facts(self, plan: Plan, config: EtlConfig) -> BatchFacts:
+        """Dataset-wide findings per batch, taken before a shard's rows are picked."""
+        ...
+
+    def build(self, data: ShardInput, config: EtlConfig) -> RawTables:
+        """The pure step: one shard's rows (however they were read) -> canonical tables."""
+        ...
+
+
+def format_reader(fmt: str) -> FormatReader:
+    """The reader module of format ``fmt`` (visits, meds or omop)."""
+    return cast(FormatReader, importlib.import_module(f"behrt_rope.etl.readers.{fmt}"))
+
+
 def reader_for(fmt: str) -> Reader:
     """The ``read`` function of format ``fmt`` (visits, meds or omop)."""
-    module = importlib.import_module(f"behrt_rope.etl.readers.{fmt}")
-    reader: Reader = module.read
-    return reader
+    return format_reader(fmt).read

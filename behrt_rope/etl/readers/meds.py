@@ -22,12 +22,14 @@ Rules (docs/formats.md):
   ``same_time`` (one visit per timestamp) or ``same_day`` (the cleaning step groups by calendar day); a
   diagnosis outside every admission or encounter falls back to its calendar day. ``auto`` picks admission
   when the dataset has admission and discharge events, else encounter when it has encounter events, else
-  same_day; the choice is made on the whole dataset (every shard reads every row), so shards agree.
+  same_day; the choice is made on the whole dataset (from every row, before a shard's
+  rows are picked), so shards agree.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,60 +45,89 @@ from behrt_rope.etl import code_styles, io
 from behrt_rope.etl.code_styles import Style
 from behrt_rope.etl.config import EtlConfig, MedsConfig
 from behrt_rope.etl.raw import EVENT_COLUMNS, PATIENT_COLUMNS, RawTables, concat, events_frame, patients_frame
+from behrt_rope.etl.readers import source
+from behrt_rope.etl.readers.source import Plan, ShardInput
 from behrt_rope.etl.split import shard_of
 
 COLUMNS = (S.MEDS_SUBJECT_ID, S.MEDS_TIME, S.MEDS_CODE)
-_ROW = "__row"  # the row's 0-based number in its file
+_ROW = source.ROW  # the row's 0-based number in its file
+_DATA = "data"
 _KINDS = {S.MEDS_SUBJECT_ID: "id", S.MEDS_TIME: "time", S.MEDS_CODE: "code"}
 _LOOKUPS = ("admission", "discharge", "encounter")
 _VOCABULARY, _STYLE = "vocabulary", "style"
+id_text = io.to_text
 
 
 def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) -> RawTables:
     """Read the rows of patient shard ``shard`` (of ``n_shards``) from a MEDS dataset directory."""
+    plan_ = plan(input_dir, config)
+    data = source.gather(plan_, id_text, facts(plan_, config), shard, n_shards, lookups(plan_, config, shard == 0))
+    return build(data, config)
+
+
+def plan(input_dir: Path, config: EtlConfig) -> Plan:
+    """The event files and their three columns, checked (names and types) on their schemas."""
+    data = source.plan_table(input_dir, _DATA, data_files(input_dir), COLUMNS, COLUMNS, S.MEDS_SUBJECT_ID)
+    source.check_types(data, _KINDS)
+    return Plan(input_dir, {_DATA: data}, {"all:integer_ids": source.integer_ids(data)})
+
+
+@dataclass
+class Lookups:
+    """The metadata tables: subject splits (all subjects) and code descriptions; None where absent."""
+
+    splits: pd.DataFrame | None
+    descriptions: pd.DataFrame | None
+
+
+def lookups(plan: Plan, config: EtlConfig, descriptions: bool = True) -> Lookups:
+    """Read ``metadata/subject_splits.parquet`` and (with ``descriptions``) ``metadata/codes.parquet``."""
+    styles = code_styles.parse_styles(config.meds.code_patterns)
+    aliases = code_styles.parse_aliases(config.meds.vocabulary_aliases)
+    named = read_descriptions(plan.input_dir, styles, aliases) if descriptions else None
+    return Lookups(read_splits(plan.input_dir), named)
+
+
+def facts(plan: Plan, config: EtlConfig) -> source.BatchFacts:
+    """Per batch (before any shard is picked): which visit-marking lookup kinds it holds (``seen.KIND``)."""
+
+    def seen(table: source.TablePlan, name: str, batch: pa.Table) -> dict[str, bool]:
+        lookups = _lookup_masks(_string(batch[S.MEDS_CODE]), config.meds)
+        return {f"seen.{kind}": bool(pc.any(mask).as_py()) for kind, mask in lookups.items()}
+
+    return seen
+
+
+def build(data: ShardInput, config: EtlConfig) -> RawTables:
+    """Canonical patients and diagnoses of one shard's rows (module docstring for the rules)."""
     meds = config.meds
     styles = code_styles.parse_styles(meds.code_patterns)
     aliases = code_styles.parse_aliases(meds.vocabulary_aliases)
-    rows_read: Counter[str] = Counter()
-    filtered: Counter[str] = Counter()
+    rows_read: Counter[str] = Counter({name: 0 for name in data.names(_DATA)})
+    filtered: Counter[str] = Counter({name: 0 for name in data.names(_DATA)})
     prefixes: Counter[str] = Counter()
-    seen: Counter[str] = Counter()  # lookup kinds present anywhere in the dataset (before the shard filter)
     picked: dict[str, list[pa.Table]] = {k: [] for k in ("birth", "death", "diagnosis", *_LOOKUPS)}
     subjects: list[np.ndarray] = []
-    integer_ids = True
-    for path in data_files(input_dir):
-        name = str(path.relative_to(input_dir))
-        io.require_columns(path, COLUMNS, io.column_names(path))
-        first_row = 0
-        for batch in io.iter_batches(path, COLUMNS):
-            for column in COLUMNS:
-                io.check_arrow_type(path, column, batch[column], _KINDS[column])
-            integer_ids &= pa.types.is_integer(batch[S.MEDS_SUBJECT_ID].type)
-            batch = batch.append_column(_ROW, pa.array(np.arange(first_row, first_row + batch.num_rows)))
-            first_row += batch.num_rows
-            batch = batch.set_column(
-                batch.schema.get_field_index(S.MEDS_CODE), S.MEDS_CODE, _string(batch[S.MEDS_CODE])
-            )
-            lookups = _lookup_masks(batch[S.MEDS_CODE], meds)
-            seen.update(kind for kind, mask in lookups.items() if pc.any(mask).as_py())
-            if n_shards > 1:
-                keep = _in_shard(batch[S.MEDS_SUBJECT_ID], shard, n_shards)
-                batch = batch.filter(keep)
-                lookups = {kind: mask.filter(keep) for kind, mask in lookups.items()}
-            rows_read[name] += batch.num_rows
-            subjects.append(io.to_text(pc.unique(batch[S.MEDS_SUBJECT_ID])))
-            used = _pick(batch, meds, styles, aliases, name, picked, lookups, prefixes)
-            filtered[name] += batch.num_rows - used
+    for chunk in data.of(_DATA):
+        batch = chunk.table
+        batch = batch.set_column(batch.schema.get_field_index(S.MEDS_CODE), S.MEDS_CODE, _string(batch[S.MEDS_CODE]))
+        rows_read[chunk.name] += batch.num_rows
+        subjects.append(io.to_text(pc.unique(batch[S.MEDS_SUBJECT_ID])))
+        lookups = _lookup_masks(batch[S.MEDS_CODE], meds)
+        used = _pick(batch, meds, styles, aliases, chunk.name, picked, lookups, prefixes)
+        filtered[chunk.name] += batch.num_rows - used
 
     notes: dict[str, Any] = {}
+    seen = Counter({key[len("seen.") :]: 1 for key, value in data.facts.items() if key.startswith("seen.") and value})
     rule = resolve_visit_rule(meds, seen)
     notes["meds.visit_rule"] = rule if meds.visit_rule != "auto" else f"{rule} (auto)"
     patients, birth_ids = _patients(picked, notes)
-    events = _diagnoses(picked, styles, rule, birth_ids, notes, config.max_invalid_fraction, input_dir)
+    events = _diagnoses(picked, styles, rule, birth_ids, notes, config.max_invalid_fraction, data.plan.input_dir)
     all_subjects = np.unique(np.concatenate(subjects)) if subjects else np.zeros(0, dtype=object)
     notes["meds.subjects"] = len(all_subjects)
     notes["meds.subjects_without_birth"] = int((~np.isin(all_subjects, birth_ids)).sum())
-    splits = read_splits(input_dir, shard, n_shards)
+    meta: Lookups = data.lookups
+    splits = None if meta.splits is None else shard_splits(meta.splits, data.shard, data.n_shards)
     notes["meds.split_source"] = S.MEDS_SPLITS_FILE if splits is not None else "none: hash split of subject ids"
     if splits is not None:
         notes["meds.subjects_with_source_split"] = int(np.isin(all_subjects, splits[S.PATIENT_ID]).sum())
@@ -107,9 +138,9 @@ def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) 
         filtered=dict(filtered),
         source_splits=splits,
         notes=notes,
-        patient_id_type="int64" if integer_ids and rows_read else "string",
+        patient_id_type="int64" if data.facts.get("all:integer_ids") else "string",
         filtered_prefixes=prefixes,
-        descriptions=read_descriptions(input_dir, styles, aliases) if shard == 0 else None,
+        descriptions=meta.descriptions if data.shard == 0 else None,
     )
 
 
@@ -142,10 +173,10 @@ def data_files(input_dir: Path) -> list[Path]:
     return files
 
 
-def read_splits(input_dir: Path, shard: int, n_shards: int) -> pd.DataFrame | None:
-    """The shard's subjects in ``metadata/subject_splits.parquet`` (PATIENT_ID, SPLIT), or None without it.
+def read_splits(input_dir: Path) -> pd.DataFrame | None:
+    """``metadata/subject_splits.parquet`` as (PATIENT_ID, SPLIT) rows with an id, or None without it.
 
-    A subject listed twice keeps its first split; a split name other than train/tuning/held_out stops.
+    A split name other than train/tuning/held_out stops.
     """
     path = input_dir / S.MEDS_SPLITS_FILE
     if not path.is_file():
@@ -164,7 +195,13 @@ def read_splits(input_dir: Path, shard: int, n_shards: int) -> pd.DataFrame | No
             f"{int(unknown.sum()):,} rows do not (example row {row}: {io.shown(split[row])})"
         )
     frame = pd.DataFrame({S.PATIENT_ID: ids, S.SPLIT: split})
-    frame = frame[(frame[S.PATIENT_ID] != "") & (shard_of(ids, n_shards) == shard)]
+    return frame[frame[S.PATIENT_ID] != ""].reset_index(drop=True)
+
+
+def shard_splits(splits: pd.DataFrame, shard: int, n_shards: int) -> pd.DataFrame:
+    """The subjects of ``shard`` in ``splits``; a subject listed twice keeps its first split."""
+    ids = splits[S.PATIENT_ID].to_numpy(dtype=object)
+    frame = splits[shard_of(ids, n_shards) == shard]
     return frame.drop_duplicates(S.PATIENT_ID, keep="first").reset_index(drop=True)
 
 
@@ -185,13 +222,6 @@ def read_descriptions(input_dir: Path, styles: list[Style], aliases: dict[str, s
     return pd.DataFrame(
         {S.CODE: matches.code[keep], S.CODE_SYSTEM: matches.vocabulary[keep], S.DESCRIPTION: described[keep]}
     )
-
-
-def _in_shard(ids: pa.ChunkedArray, shard: int, n_shards: int) -> pa.ChunkedArray:
-    """True for rows whose subject falls in ``shard``; the hash runs once per distinct subject."""
-    distinct = pc.unique(ids)
-    mine = distinct.filter(pa.array(shard_of(io.to_text(distinct), n_shards) == shard))
-    return pc.is_in(ids, value_set=mine)
 
 
 def _string(code: pa.ChunkedArray) -> pa.ChunkedArray:

@@ -31,7 +31,7 @@ Rules (docs/formats.md):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,8 @@ from behrt_rope import schema as S
 from behrt_rope.etl import io
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.raw import EVENT_COLUMNS, PATIENT_COLUMNS, RawTables, concat, events_frame, patients_frame
-from behrt_rope.etl.split import shard_of
+from behrt_rope.etl.readers import source
+from behrt_rope.etl.readers.source import Chunk, Plan, ShardInput, TablePlan
 
 FLOAT_PRINTED = r"^([+-]?\d+)\.0+$"  # an integer printed as a float: 65363002.0
 NO_CONCEPT = "0"
@@ -53,14 +54,136 @@ _CONCEPT = "__concept_id"  # the concept id that names a condition's code throug
 
 def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) -> RawTables:
     """Read the rows of patient shard ``shard`` (of ``n_shards``) from a directory of OMOP CDM tables."""
+    plan_ = plan(input_dir, config)
+    data = source.gather(plan_, id_text, facts(plan_, config), shard, n_shards, lookups(plan_, config))
+    return build(data, config)
+
+
+def plan(input_dir: Path, config: EtlConfig) -> Plan:
+    """The death, person, visit_occurrence and condition_occurrence files and their columns, checked on their
+    schemas; the concept table's columns too. ``choices['code_column']``: the column codes come from."""
+    code_column = (
+        S.OMOP_CONDITION_CONCEPT_ID
+        if code_source(input_dir, config.omop.code_source) == "concept_id"
+        else S.OMOP_CONDITION_SOURCE_VALUE
+    )
+    tables = {}
+    for name, (wanted, required, kinds) in _tables(code_column).items():
+        files = find_table(input_dir, name, required=name in (S.OMOP_PERSON, S.OMOP_CONDITION))
+        tables[name] = source.plan_table(input_dir, name, files, wanted, required, S.OMOP_PERSON_ID, lower_case=True)
+        source.check_types(tables[name], kinds, _check)
+    facts = {"all:integer_ids": source.integer_ids(tables[S.OMOP_PERSON])}
+    return Plan(input_dir, {k: v for k, v in tables.items() if v.files}, facts, {"code_column": code_column})
+
+
+_TIME_COLUMNS = (
+    S.OMOP_DEATH_DATETIME,
+    S.OMOP_DEATH_DATE,
+    S.OMOP_BIRTH_DATETIME,
+    S.OMOP_VISIT_START_DATETIME,
+    S.OMOP_VISIT_START_DATE,
+    S.OMOP_VISIT_END_DATETIME,
+    S.OMOP_VISIT_END_DATE,
+    S.OMOP_CONDITION_START_DATETIME,
+    S.OMOP_CONDITION_START_DATE,
+)
+_ID_COLUMNS = (
+    S.OMOP_PERSON_ID,
+    S.OMOP_VISIT_OCCURRENCE_ID,
+    S.OMOP_YEAR_OF_BIRTH,
+    S.OMOP_MONTH_OF_BIRTH,
+    S.OMOP_DAY_OF_BIRTH,
+)
+
+
+def _tables(code_column: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]]:
+    """Per patient table, in reading order: (columns wanted, columns required (``a|b``: one of), kinds)."""
+    concept_column = (
+        S.OMOP_CONDITION_CONCEPT_ID
+        if code_column == S.OMOP_CONDITION_CONCEPT_ID
+        else S.OMOP_CONDITION_SOURCE_CONCEPT_ID
+    )
+    kinds = dict.fromkeys(_TIME_COLUMNS, "time") | dict.fromkeys((*_ID_COLUMNS, code_column, concept_column), "id")
+    death = (S.OMOP_PERSON_ID, S.OMOP_DEATH_DATETIME, S.OMOP_DEATH_DATE)
+    person = (
+        S.OMOP_PERSON_ID,
+        S.OMOP_BIRTH_DATETIME,
+        S.OMOP_YEAR_OF_BIRTH,
+        S.OMOP_MONTH_OF_BIRTH,
+        S.OMOP_DAY_OF_BIRTH,
+        S.OMOP_DEATH_DATETIME,
+    )
+    visit = (
+        S.OMOP_VISIT_OCCURRENCE_ID,
+        S.OMOP_PERSON_ID,
+        S.OMOP_VISIT_START_DATETIME,
+        S.OMOP_VISIT_START_DATE,
+        S.OMOP_VISIT_END_DATETIME,
+        S.OMOP_VISIT_END_DATE,
+    )
+    condition = (
+        S.OMOP_PERSON_ID,
+        code_column,
+        S.OMOP_CONDITION_START_DATETIME,
+        S.OMOP_CONDITION_START_DATE,
+        S.OMOP_VISIT_OCCURRENCE_ID,
+        S.OMOP_CONDITION_SOURCE_CONCEPT_ID,
+    )
+    visit_start = f"{S.OMOP_VISIT_START_DATE}|{S.OMOP_VISIT_START_DATETIME}"
+    condition_start = f"{S.OMOP_CONDITION_START_DATE}|{S.OMOP_CONDITION_START_DATETIME}"
+    tables = {
+        S.OMOP_DEATH: (death, (S.OMOP_PERSON_ID, f"{S.OMOP_DEATH_DATE}|{S.OMOP_DEATH_DATETIME}")),
+        S.OMOP_PERSON: (person, (S.OMOP_PERSON_ID, f"{S.OMOP_YEAR_OF_BIRTH}|{S.OMOP_BIRTH_DATETIME}")),
+        S.OMOP_VISIT: (visit, (S.OMOP_VISIT_OCCURRENCE_ID, S.OMOP_PERSON_ID, visit_start)),
+        S.OMOP_CONDITION: (condition, (S.OMOP_PERSON_ID, code_column, condition_start)),
+    }
+    return {
+        name: (wanted, required, {c: kinds[c] for c in wanted if c in kinds})
+        for name, (wanted, required) in tables.items()
+    }
+
+
+def id_text(array: pa.Array) -> np.ndarray:
+    """Person ids as text (``34.0`` and ``34`` are both ``34``)."""
+    return integer_text(array)
+
+
+def facts(plan: Plan, config: EtlConfig) -> source.BatchFacts:
+    """Per condition batch when codes are source values: whether each non-empty value is a float-printed
+    integer (``all:float_printed.FILE``) and whether there is one (``present.FILE``)."""
+    wanted = plan.choices.get("code_column") == S.OMOP_CONDITION_SOURCE_VALUE
+
+    def float_printed(table: source.TablePlan, name: str, batch: pa.Table) -> dict[str, bool]:
+        if not wanted or table.name != S.OMOP_CONDITION:
+            return {}
+        values = batch[S.OMOP_CONDITION_SOURCE_VALUE]
+        if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+            return {f"all:float_printed.{name}": False}
+        text = pc.utf8_trim_whitespace(values)
+        present = pc.fill_null(pc.greater(pc.utf8_length(text), 0), False)
+        matching = pc.fill_null(pc.match_substring_regex(text, FLOAT_PRINTED), False)
+        ok = not pc.any(pc.and_(present, pc.invert(matching))).as_py()
+        return {f"all:float_printed.{name}": ok, f"present.{name}": bool(pc.any(present).as_py())}
+
+    return float_printed
+
+
+def build(data: ShardInput, config: EtlConfig) -> RawTables:
+    """Canonical patients and conditions of one shard's rows (module docstring for the rules)."""
     counts = _Counts()
+    for table in (S.OMOP_DEATH, S.OMOP_PERSON, S.OMOP_VISIT, S.OMOP_CONDITION):
+        for name in data.names(table):
+            counts.rows[name] += 0
+            if table in (S.OMOP_DEATH, S.OMOP_VISIT):
+                counts.filtered[name] += 0
     notes: dict[str, Any] = {}
-    deaths = _deaths(input_dir, config, shard, n_shards, counts, notes)
-    patients, integer_ids = _persons(input_dir, config, shard, n_shards, deaths, counts, notes)
-    visits = _visits(input_dir, config, shard, n_shards, counts, notes)
-    source = code_source(input_dir, config.omop.code_source)
-    events = _conditions(input_dir, config, source, shard, n_shards, counts, notes)
-    events, named = _name_codes(events, input_dir, config, source, notes)
+    deaths = _deaths(data, config, counts, notes)
+    patients = _persons(data, config, deaths, counts, notes)
+    visits = _visits(data, config, counts, notes)
+    code_column = data.plan.choices["code_column"]
+    events = _conditions(data, config, code_column, counts, notes)
+    source_name = "concept_id" if code_column == S.OMOP_CONDITION_CONCEPT_ID else "source_value"
+    events, named = _name_codes(events, data.lookups, config, source_name, notes)
     _visit_notes(events, visits, notes)
     person_ids = patients[S.PATIENT_ID].to_numpy(dtype=object)
     notes["omop.death_rows_without_person"] = int((~deaths.index.isin(person_ids)).sum())
@@ -71,7 +194,7 @@ def read(input_dir: Path, config: EtlConfig, shard: int = 0, n_shards: int = 1) 
         rows_read=dict(counts.rows),
         filtered=dict(counts.filtered),
         notes=notes,
-        patient_id_type="int64" if integer_ids else "string",
+        patient_id_type="int64" if data.facts.get("all:integer_ids") else "string",
         descriptions=named,
     )
 
@@ -104,30 +227,6 @@ class _Counts:
     def __init__(self) -> None:
         self.rows: Counter[str] = Counter()
         self.filtered: Counter[str] = Counter()
-
-
-def _batches(
-    input_dir: Path, table: str, wanted: tuple[str, ...], required: tuple[str, ...], must_exist: bool = True
-) -> Iterator[tuple[Path, str, pa.Table, int]]:
-    """(file, its name for the manifest, batch with lower-case column names, index of the batch's first row).
-
-    ``required`` may hold alternatives as ``a|b``: one of them must be present.
-    """
-    for path in find_table(input_dir, table, required=must_exist):
-        present = io.column_names(path)
-        by_lower: dict[str, str] = {}
-        for column in present:
-            by_lower.setdefault(column.lower(), column)
-        for need in required:
-            options = need.split("|")
-            if not any(o in by_lower for o in options):
-                io.require_columns(path, [options[0]], list(by_lower))
-        columns = [by_lower[c] for c in wanted if c in by_lower]
-        first_row = 0
-        for batch in io.iter_batches(path, columns):
-            batch = batch.rename_columns([c.lower() for c in batch.column_names])
-            yield path, str(path.relative_to(input_dir)), batch, first_row
-            first_row += batch.num_rows
 
 
 def _check(path: Path, column: str, array: pa.ChunkedArray, kind: str) -> None:
@@ -179,20 +278,20 @@ def _numbers(array: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     return values, raw
 
 
-def _in_shard(ids: np.ndarray, shard: int, n_shards: int) -> np.ndarray:
-    return shard_of(ids, n_shards) == shard
+def _times(
+    batch: pa.Table, path: Path, columns: tuple[str, ...], limit: float, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Parsed time and raw text from the first of ``columns`` (datetime) that parses, else the second (date).
 
-
-def _times(batch: pa.Table, path: Path, columns: tuple[str, ...], limit: float) -> tuple[np.ndarray, np.ndarray]:
-    """Parsed time and raw text from the first of ``columns`` (datetime) that parses, else the second (date)."""
+    ``rows``: each row's number in its file, shape (rows,), for the example of a column that does not parse.
+    """
     time = np.full(batch.num_rows, np.datetime64("NaT"), dtype="datetime64[us]")
     raw = np.full(batch.num_rows, "", dtype=object)
     for column in columns:
         if column not in batch.column_names:
             continue
-        _check(path, column, batch[column], "time")
         parsed = io.parse_times(batch[column])
-        io.check_parse_rate(path, column, batch[column], parsed, limit)
+        io.check_parse_rate(path, column, batch[column], parsed, limit, rows)
         text = io.to_text(batch[column])
         fill = np.isnat(time) & ((text != "") | (raw == ""))
         time[fill], raw[fill] = parsed[fill], text[fill]
@@ -200,28 +299,17 @@ def _times(batch: pa.Table, path: Path, columns: tuple[str, ...], limit: float) 
 
 
 # ---------------------------------------------------------------------------------------------------------
-def _deaths(
-    input_dir: Path, config: EtlConfig, shard: int, n_shards: int, counts: _Counts, notes: dict[str, Any]
-) -> pd.DataFrame:
+def _deaths(data: ShardInput, config: EtlConfig, counts: _Counts, notes: dict[str, Any]) -> pd.DataFrame:
     """Per person id (index): the earliest death (``time``) and its raw text (``raw``) from the death table."""
-    frames = []
-    wanted = (S.OMOP_PERSON_ID, S.OMOP_DEATH_DATETIME, S.OMOP_DEATH_DATE)
-    required = (S.OMOP_PERSON_ID, f"{S.OMOP_DEATH_DATE}|{S.OMOP_DEATH_DATETIME}")
-    for path, name, batch, _ in _batches(input_dir, S.OMOP_DEATH, wanted, required, must_exist=False):
-        _check(path, S.OMOP_PERSON_ID, batch[S.OMOP_PERSON_ID], "id")
-        ids = integer_text(batch[S.OMOP_PERSON_ID])
-        keep = _in_shard(ids, shard, n_shards)
-        time, raw = _times(batch, path, (S.OMOP_DEATH_DATETIME, S.OMOP_DEATH_DATE), config.max_invalid_fraction)
-        counts.rows[name] += int(keep.sum())
-        counts.filtered[name] += int(keep.sum())  # a lookup: its facts land in the person rows
-        frames.append(pd.DataFrame({"id": ids[keep], "time": time[keep], "raw": raw[keep]}))
-    frame = (
-        pd.concat(frames, ignore_index=True)
-        if frames
-        else pd.DataFrame(
-            {"id": pd.Series(dtype=object), "time": pd.Series(dtype="datetime64[us]"), "raw": pd.Series(dtype=object)}
-        )
-    )
+    frames = [_empty_deaths()]
+    for chunk in data.of(S.OMOP_DEATH):
+        batch = chunk.table
+        limit = config.max_invalid_fraction
+        time, raw = _times(batch, chunk.path, (S.OMOP_DEATH_DATETIME, S.OMOP_DEATH_DATE), limit, chunk.rows)
+        counts.rows[chunk.name] += batch.num_rows
+        counts.filtered[chunk.name] += batch.num_rows  # a lookup: its facts land in the person rows
+        frames.append(pd.DataFrame({"id": integer_text(batch[S.OMOP_PERSON_ID]), "time": time, "raw": raw}))
+    frame = pd.concat(frames, ignore_index=True)
     notes["omop.death_rows"] = len(frame)
     frame = frame[frame["id"] != ""].sort_values(["id", "time"], na_position="last", kind="stable")
     notes["omop.persons_with_several_death_dates"] = int(
@@ -230,62 +318,48 @@ def _deaths(
     return frame.drop_duplicates("id", keep="first").set_index("id")
 
 
-def _persons(
-    input_dir: Path,
-    config: EtlConfig,
-    shard: int,
-    n_shards: int,
-    deaths: pd.DataFrame,
-    counts: _Counts,
-    notes: dict[str, Any],
-) -> tuple[pd.DataFrame, bool]:
-    """One canonical patient row per person row; and whether person ids are integers."""
-    wanted = (
-        S.OMOP_PERSON_ID,
-        S.OMOP_BIRTH_DATETIME,
-        S.OMOP_YEAR_OF_BIRTH,
-        S.OMOP_MONTH_OF_BIRTH,
-        S.OMOP_DAY_OF_BIRTH,
-        S.OMOP_DEATH_DATETIME,
+def _empty_deaths() -> pd.DataFrame:
+    return pd.DataFrame(
+        {"id": pd.Series(dtype=object), "time": pd.Series(dtype="datetime64[us]"), "raw": pd.Series(dtype=object)}
     )
-    required = (S.OMOP_PERSON_ID, f"{S.OMOP_YEAR_OF_BIRTH}|{S.OMOP_BIRTH_DATETIME}")
-    frames, integer_ids = [], True
+
+
+def _persons(
+    data: ShardInput, config: EtlConfig, deaths: pd.DataFrame, counts: _Counts, notes: dict[str, Any]
+) -> pd.DataFrame:
+    """One canonical patient row per person row."""
+    frames = []
     from_parts = 0
-    for path, name, batch, first_row in _batches(input_dir, S.OMOP_PERSON, wanted, required):
-        _check(path, S.OMOP_PERSON_ID, batch[S.OMOP_PERSON_ID], "id")
-        integer_ids &= pa.types.is_integer(batch[S.OMOP_PERSON_ID].type)
+    limit = config.max_invalid_fraction
+    for chunk in data.of(S.OMOP_PERSON):
+        batch, path, rows = chunk.table, chunk.path, chunk.rows
         ids = integer_text(batch[S.OMOP_PERSON_ID])
-        keep = _in_shard(ids, shard, n_shards)
-        birth, birth_raw = _times(batch, path, (S.OMOP_BIRTH_DATETIME,), config.max_invalid_fraction)
+        birth, birth_raw = _times(batch, path, (S.OMOP_BIRTH_DATETIME,), limit, rows)
         use_parts = np.isnat(birth)
         if S.OMOP_YEAR_OF_BIRTH in batch.column_names and use_parts.any():
-            parts_birth, parts_raw = _birth_from_parts(batch, path)
+            parts_birth, parts_raw = _birth_from_parts(batch)
             birth[use_parts], birth_raw[use_parts] = parts_birth[use_parts], parts_raw[use_parts]
-            from_parts += int((use_parts & keep & ~np.isnat(parts_birth)).sum())
+            from_parts += int((use_parts & ~np.isnat(parts_birth)).sum())
         death = deaths["time"].reindex(ids).to_numpy(dtype="datetime64[us]")
         death_raw = deaths["raw"].reindex(ids).fillna("").to_numpy(dtype=object)
         if S.OMOP_DEATH_DATETIME in batch.column_names:  # CDM versions with death on the person row
-            own, own_raw = _times(batch, path, (S.OMOP_DEATH_DATETIME,), config.max_invalid_fraction)
+            own, own_raw = _times(batch, path, (S.OMOP_DEATH_DATETIME,), limit, rows)
             fill = death_raw == ""
             death[fill], death_raw[fill] = own[fill], own_raw[fill]
-        counts.rows[name] += int(keep.sum())
-        rows = first_row + np.arange(batch.num_rows)
-        frames.append(
-            patients_frame(ids[keep], birth[keep], birth_raw[keep], death[keep], death_raw[keep], name, rows[keep])
-        )
+        counts.rows[chunk.name] += batch.num_rows
+        frames.append(patients_frame(ids, birth, birth_raw, death, death_raw, chunk.name, rows))
     patients = concat(frames, PATIENT_COLUMNS)
     notes["omop.person_rows"] = len(patients)
     notes["omop.births_from_year_month_day"] = from_parts
     notes["omop.births_unparseable"] = int(patients[S.BIRTH_DATE].isna().sum())
-    return patients, integer_ids
+    return patients
 
 
-def _birth_from_parts(batch: pa.Table, path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _birth_from_parts(batch: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """Birth from year/month/day of birth (missing month or day: the 1st); the raw parts as text."""
     parts, raws = {}, {}
     for column in (S.OMOP_YEAR_OF_BIRTH, S.OMOP_MONTH_OF_BIRTH, S.OMOP_DAY_OF_BIRTH):
         if column in batch.column_names:
-            _check(path, column, batch[column], "id")
             parts[column], raws[column] = _numbers(batch[column])
         else:
             parts[column] = np.full(batch.num_rows, np.nan)
@@ -308,117 +382,48 @@ def _birth_from_parts(batch: pa.Table, path: Path) -> tuple[np.ndarray, np.ndarr
     return dates, raw.to_numpy(dtype=object)
 
 
-def _visits(
-    input_dir: Path, config: EtlConfig, shard: int, n_shards: int, counts: _Counts, notes: dict[str, Any]
-) -> pd.DataFrame | None:
+def _visits(data: ShardInput, config: EtlConfig, counts: _Counts, notes: dict[str, Any]) -> pd.DataFrame | None:
     """Per visit id (index): person, first and last day; None without a visit_occurrence table."""
-    wanted = (
-        S.OMOP_VISIT_OCCURRENCE_ID,
-        S.OMOP_PERSON_ID,
-        S.OMOP_VISIT_START_DATETIME,
-        S.OMOP_VISIT_START_DATE,
-        S.OMOP_VISIT_END_DATETIME,
-        S.OMOP_VISIT_END_DATE,
-    )
-    required = (
-        S.OMOP_VISIT_OCCURRENCE_ID,
-        S.OMOP_PERSON_ID,
-        f"{S.OMOP_VISIT_START_DATE}|{S.OMOP_VISIT_START_DATETIME}",
-    )
-    frames = []
-    seen = False
-    for path, name, batch, _ in _batches(input_dir, S.OMOP_VISIT, wanted, required, must_exist=False):
-        seen = True
-        for column in (S.OMOP_VISIT_OCCURRENCE_ID, S.OMOP_PERSON_ID):
-            _check(path, column, batch[column], "id")
-        ids = integer_text(batch[S.OMOP_PERSON_ID])
-        keep = _in_shard(ids, shard, n_shards)
-        limit = config.max_invalid_fraction
-        start, _ = _times(batch, path, (S.OMOP_VISIT_START_DATETIME, S.OMOP_VISIT_START_DATE), limit)
-        end, _ = _times(batch, path, (S.OMOP_VISIT_END_DATETIME, S.OMOP_VISIT_END_DATE), limit)
-        counts.rows[name] += int(keep.sum())
-        counts.filtered[name] += int(keep.sum())  # a lookup: conditions carry the visit id themselves
+    if S.OMOP_VISIT not in data.plan.tables:
+        notes["omop.visit_occurrence"] = "absent: visits come from condition visit ids only"
+        return None
+    frames = [pd.DataFrame({"visit": [], "person": [], "start": [], "end": []}).astype(_VISIT_TYPES)]
+    limit = config.max_invalid_fraction
+    for chunk in data.of(S.OMOP_VISIT):
+        batch, path, rows = chunk.table, chunk.path, chunk.rows
+        start, _ = _times(batch, path, (S.OMOP_VISIT_START_DATETIME, S.OMOP_VISIT_START_DATE), limit, rows)
+        end, _ = _times(batch, path, (S.OMOP_VISIT_END_DATETIME, S.OMOP_VISIT_END_DATE), limit, rows)
+        counts.rows[chunk.name] += batch.num_rows
+        counts.filtered[chunk.name] += batch.num_rows  # a lookup: conditions carry the visit id themselves
         frames.append(
             pd.DataFrame(
                 {
-                    "visit": integer_text(batch[S.OMOP_VISIT_OCCURRENCE_ID])[keep],
-                    "person": ids[keep],
-                    "start": start[keep].astype("datetime64[D]").astype("datetime64[us]"),
-                    "end": np.where(np.isnat(end), start, end)[keep].astype("datetime64[D]").astype("datetime64[us]"),
+                    "visit": integer_text(batch[S.OMOP_VISIT_OCCURRENCE_ID]),
+                    "person": integer_text(batch[S.OMOP_PERSON_ID]),
+                    "start": start.astype("datetime64[D]").astype("datetime64[us]"),
+                    "end": np.where(np.isnat(end), start, end).astype("datetime64[D]").astype("datetime64[us]"),
                 }
-            )
+            ).astype(_VISIT_TYPES)
         )
-    if not seen:
-        notes["omop.visit_occurrence"] = "absent: visits come from condition visit ids only"
-        return None
     frame = pd.concat(frames, ignore_index=True)
     notes["omop.visit_rows"] = len(frame)
     return frame.drop_duplicates("visit", keep="first").set_index("visit")
 
 
+_VISIT_TYPES: dict[str, Any] = {"visit": object, "person": object, "start": "datetime64[us]", "end": "datetime64[us]"}
+
+
 def _conditions(
-    input_dir: Path,
-    config: EtlConfig,
-    source: str,
-    shard: int,
-    n_shards: int,
-    counts: _Counts,
-    notes: dict[str, Any],
+    data: ShardInput, config: EtlConfig, code_column: str, counts: _Counts, notes: dict[str, Any]
 ) -> pd.DataFrame:
     """One canonical event row per condition_occurrence row, with the concept id that names it (_CONCEPT)."""
-    omop = config.omop
-    code_column = S.OMOP_CONDITION_CONCEPT_ID if source == "concept_id" else S.OMOP_CONDITION_SOURCE_VALUE
-    concept_column = S.OMOP_CONDITION_CONCEPT_ID if source == "concept_id" else S.OMOP_CONDITION_SOURCE_CONCEPT_ID
-    wanted = (
-        S.OMOP_PERSON_ID,
-        code_column,
-        S.OMOP_CONDITION_START_DATETIME,
-        S.OMOP_CONDITION_START_DATE,
-        S.OMOP_VISIT_OCCURRENCE_ID,
-        S.OMOP_CONDITION_SOURCE_CONCEPT_ID,
-    )
-    required = (S.OMOP_PERSON_ID, code_column, f"{S.OMOP_CONDITION_START_DATE}|{S.OMOP_CONDITION_START_DATETIME}")
     frames = []
     stats: Counter[str] = Counter()
-    float_printed: dict[Path, bool] = {}
-    for path, name, batch, first_row in _batches(input_dir, S.OMOP_CONDITION, wanted, required):
-        for column in (S.OMOP_PERSON_ID, code_column, S.OMOP_VISIT_OCCURRENCE_ID, concept_column):
-            if column in batch.column_names:
-                _check(path, column, batch[column], "id")
-        ids = integer_text(batch[S.OMOP_PERSON_ID])
-        keep = _in_shard(ids, shard, n_shards)
-        time, time_raw = _times(
-            batch, path, (S.OMOP_CONDITION_START_DATETIME, S.OMOP_CONDITION_START_DATE), config.max_invalid_fraction
-        )
-        if path not in float_printed:
-            float_printed[path] = code_column == S.OMOP_CONDITION_SOURCE_VALUE and _float_printed_file(path)
-        code = _codes(batch[code_column], code_column, float_printed[path], keep, stats)
-        visit = (
-            integer_text(batch[S.OMOP_VISIT_OCCURRENCE_ID])
-            if S.OMOP_VISIT_OCCURRENCE_ID in batch.column_names
-            else None
-        )
-        zero = (code == NO_CONCEPT) & (code_column == S.OMOP_CONDITION_CONCEPT_ID) & omop.skip_zero_concept
-        stats["zero"] += int((zero & keep).sum())
-        counts.rows[name] += int(keep.sum())
-        frame = events_frame(
-            ids[keep],
-            time[keep],
-            time_raw[keep],
-            code[keep],
-            np.full(int(keep.sum()), omop.vocabulary, dtype=object),
-            None if visit is None else visit[keep],
-            name,
-            (first_row + np.arange(batch.num_rows))[keep],
-        )
-        frame[S.REASON] = np.where(zero[keep], S.Reason.NO_MATCHING_CONCEPT, "").astype(object)
-        concept = (
-            integer_text(batch[concept_column])[keep]
-            if concept_column in batch.column_names
-            else np.full(int(keep.sum()), "", dtype=object)
-        )
-        frame[_CONCEPT] = np.where(concept == NO_CONCEPT, "", concept).astype(object)
-        frames.append(frame)
+    for chunk in data.of(S.OMOP_CONDITION):
+        fact = f"all:float_printed.{chunk.name}"
+        float_printed = bool(data.facts.get(fact)) and bool(data.facts.get(f"present.{chunk.name}"))
+        frames.append(_condition_frame(chunk, config, code_column, float_printed, stats))
+        counts.rows[chunk.name] += chunk.table.num_rows
     events = concat(frames, (*EVENT_COLUMNS, S.REASON, _CONCEPT))
     notes["omop.condition_rows"] = len(events)
     notes["omop.code_source"] = code_column
@@ -428,8 +433,49 @@ def _conditions(
     return events
 
 
+def _condition_frame(
+    chunk: Chunk, config: EtlConfig, code_column: str, float_printed: bool, stats: Counter[str]
+) -> pd.DataFrame:
+    """Canonical event rows of one chunk of conditions, with REASON (zero concept) and _CONCEPT."""
+    omop, batch = config.omop, chunk.table
+    concept_column = (
+        S.OMOP_CONDITION_CONCEPT_ID
+        if code_column == S.OMOP_CONDITION_CONCEPT_ID
+        else (S.OMOP_CONDITION_SOURCE_CONCEPT_ID)
+    )
+    time, time_raw = _times(
+        batch,
+        chunk.path,
+        (S.OMOP_CONDITION_START_DATETIME, S.OMOP_CONDITION_START_DATE),
+        config.max_invalid_fraction,
+        chunk.rows,
+    )
+    code = _codes(batch[code_column], code_column, float_printed, stats)
+    has_visit = S.OMOP_VISIT_OCCURRENCE_ID in batch.column_names
+    zero = (code == NO_CONCEPT) & (code_column == S.OMOP_CONDITION_CONCEPT_ID) & omop.skip_zero_concept
+    stats["zero"] += int(zero.sum())
+    frame = events_frame(
+        integer_text(batch[S.OMOP_PERSON_ID]),
+        time,
+        time_raw,
+        code,
+        np.full(batch.num_rows, omop.vocabulary, dtype=object),
+        integer_text(batch[S.OMOP_VISIT_OCCURRENCE_ID]) if has_visit else None,
+        chunk.name,
+        chunk.rows,
+    )
+    frame[S.REASON] = np.where(zero, S.Reason.NO_MATCHING_CONCEPT, "").astype(object)
+    concept = (
+        integer_text(batch[concept_column])
+        if concept_column in batch.column_names
+        else np.full(batch.num_rows, "", dtype=object)
+    )
+    frame[_CONCEPT] = np.where(concept == NO_CONCEPT, "", concept).astype(object)
+    return frame
+
+
 def _name_codes(
-    events: pd.DataFrame, input_dir: Path, config: EtlConfig, source: str, notes: dict[str, Any]
+    events: pd.DataFrame, concepts: Concepts, config: EtlConfig, source: str, notes: dict[str, Any]
 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """Name codes ``vocabulary_id/concept_code`` through the concept table, where there is one.
 
@@ -439,99 +485,107 @@ def _name_codes(
     Returns the events (without the helper column) and (CODE, CODE_SYSTEM, DESCRIPTION) of the named codes.
     """
     concept_ids = events.pop(_CONCEPT).to_numpy(dtype=object)
-    tables = find_table(input_dir, S.OMOP_CONCEPT, required=False)
-    if not tables:
+    if concepts.table is None:
         notes["omop.code_naming"] = f"{source} with vocabulary {config.omop.vocabulary!r} (no concept table)"
         return events, None
-    concepts = _concepts(input_dir, np.unique(concept_ids[concept_ids != ""]))
-    where = pd.Index(concepts.index).get_indexer(concept_ids)
+    found_concepts = concepts.find(np.unique(concept_ids[concept_ids != ""]))
+    where = pd.Index(found_concepts.index).get_indexer(concept_ids)
     found = where >= 0
     vocabulary = events[S.CODE_SYSTEM].to_numpy(dtype=object).copy()
-    vocabulary[found] = concepts[S.OMOP_VOCABULARY_ID].to_numpy(dtype=object)[where[found]]
+    vocabulary[found] = found_concepts[S.OMOP_VOCABULARY_ID].to_numpy(dtype=object)[where[found]]
     events[S.CODE_SYSTEM] = vocabulary
     if source == "concept_id":
         code = events[S.CODE].to_numpy(dtype=object).copy()
-        code[found] = concepts[S.OMOP_CONCEPT_CODE].to_numpy(dtype=object)[where[found]]
+        code[found] = found_concepts[S.OMOP_CONCEPT_CODE].to_numpy(dtype=object)[where[found]]
         events[S.CODE] = code
         reason = events[S.REASON].to_numpy(dtype=object)
         unknown = ~found & (reason == "") & (concept_ids != "")
         events[S.REASON] = np.where(unknown, S.Reason.UNKNOWN_CONCEPT, reason).astype(object)
         notes["omop.concepts_not_in_concept_table"] = int(unknown.sum())
-    notes["omop.code_naming"] = f"{source} named through {tables[0].relative_to(input_dir)}"
+    notes["omop.code_naming"] = f"{source} named through {concepts.name}"
     notes["omop.conditions_named_by_concept"] = int(found.sum())
     named = pd.DataFrame(
         {
             S.CODE: events[S.CODE].to_numpy(dtype=object)[found],
             S.CODE_SYSTEM: vocabulary[found],
-            S.DESCRIPTION: concepts[S.OMOP_CONCEPT_NAME].to_numpy(dtype=object)[where[found]],
+            S.DESCRIPTION: found_concepts[S.OMOP_CONCEPT_NAME].to_numpy(dtype=object)[where[found]],
         }
     ).drop_duplicates()
     return events, named
 
 
-def _concepts(input_dir: Path, wanted: np.ndarray) -> pd.DataFrame:
-    """vocabulary_id, concept_code, concept_name of the ``wanted`` concept ids (text), indexed by id.
+_CONCEPT_COLUMNS = (S.OMOP_CONCEPT_ID, S.OMOP_VOCABULARY_ID, S.OMOP_CONCEPT_CODE, S.OMOP_CONCEPT_NAME)
 
-    The concept table (all of OMOP's vocabularies can be millions of rows) is streamed and only the wanted
-    rows are kept. It is reference data, not patient data, so it is not counted in the manifest's tables.
+
+@dataclass
+class Concepts:
+    """The concept table: streamed for the wanted ids on every lookup, or (``loaded``) held in memory whole.
+
+    It is reference data, not patient data, so it is not counted in the manifest's tables.
     """
-    columns = (S.OMOP_CONCEPT_ID, S.OMOP_VOCABULARY_ID, S.OMOP_CONCEPT_CODE, S.OMOP_CONCEPT_NAME)
+
+    table: TablePlan | None
+    name: str = ""
+    loaded: pd.DataFrame | None = None
+
+    def find(self, wanted: np.ndarray) -> pd.DataFrame:
+        """vocabulary_id, concept_code, concept_name of the ``wanted`` concept ids (text), indexed by id."""
+        if self.loaded is not None:
+            return self.loaded[self.loaded.index.isin(wanted)]
+        return _read_concepts(self.table, pd.Index(wanted))
+
+    def load(self) -> Concepts:
+        """The same table held in memory (what a Ray engine broadcasts to its tasks)."""
+        return Concepts(self.table, self.name, _read_concepts(self.table, None))
+
+
+def lookups(plan: Plan, config: EtlConfig) -> Concepts:
+    """The concept table, its columns checked (names and types), when the dataset has one."""
+    files = find_table(plan.input_dir, S.OMOP_CONCEPT, required=False)
+    if not files:
+        return Concepts(None)
+    table = source.plan_table(
+        plan.input_dir, S.OMOP_CONCEPT, files, _CONCEPT_COLUMNS, _CONCEPT_COLUMNS[:3], S.OMOP_CONCEPT_ID, True
+    )
+    source.check_types(table, {S.OMOP_CONCEPT_ID: "id"}, _check)
+    return Concepts(table, plan.name(files[0]))
+
+
+def _read_concepts(table: TablePlan | None, want: pd.Index | None) -> pd.DataFrame:
+    """The concept rows whose id is in ``want`` (all rows when None), streamed; the first row of an id wins."""
+    columns = _CONCEPT_COLUMNS
     frames = []
-    want = pd.Index(wanted)
-    for path, _, batch, _ in _batches(input_dir, S.OMOP_CONCEPT, columns, columns[:3]):
-        _check(path, S.OMOP_CONCEPT_ID, batch[S.OMOP_CONCEPT_ID], "id")
-        ids = integer_text(batch[S.OMOP_CONCEPT_ID])
-        keep = want.get_indexer(ids) >= 0
-        frame = {c: io.to_text(batch[c])[keep] for c in columns[1:] if c in batch.column_names}
-        frame.setdefault(S.OMOP_CONCEPT_NAME, np.full(int(keep.sum()), "", dtype=object))
-        frames.append(pd.DataFrame({S.OMOP_CONCEPT_ID: ids[keep], **frame}))
+    for path in [] if table is None else table.files:
+        for batch in source.read_file(table, path):  # type: ignore[arg-type]
+            ids = integer_text(batch[S.OMOP_CONCEPT_ID])
+            keep = np.ones(len(ids), dtype=bool) if want is None else want.get_indexer(pd.Index(ids)) >= 0
+            frame = {c: io.to_text(batch[c])[keep] for c in columns[1:] if c in batch.column_names}
+            frame.setdefault(S.OMOP_CONCEPT_NAME, np.full(int(keep.sum()), "", dtype=object))
+            frames.append(pd.DataFrame({S.OMOP_CONCEPT_ID: ids[keep], **frame}))
     if not frames:
         return pd.DataFrame(columns=list(columns[1:]), index=pd.Index([], dtype=object))
-    table = pd.concat(frames, ignore_index=True).drop_duplicates(S.OMOP_CONCEPT_ID)
-    return table.set_index(S.OMOP_CONCEPT_ID)
+    found = pd.concat(frames, ignore_index=True).drop_duplicates(S.OMOP_CONCEPT_ID)
+    return found.set_index(S.OMOP_CONCEPT_ID)
 
 
-def _codes(
-    array: pa.ChunkedArray, column: str, float_printed: bool, keep: np.ndarray, stats: Counter[str]
-) -> np.ndarray:
+def _codes(array: pa.ChunkedArray, column: str, float_printed: bool, stats: Counter[str]) -> np.ndarray:
     """Condition codes as text, repairing float-printed integers where the rule says so (module docstring)."""
     t = array.type
     if pa.types.is_floating(t) or pa.types.is_decimal(t):
         text = _float_text(array)
         values = np.asarray(pc.cast(array, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
         integral = np.floor(values) == values
-        stats["float_printed"] += int((keep & integral).sum())
-        stats["non_integral"] += int((keep & ~np.isnan(values) & ~integral).sum())
+        stats["float_printed"] += int(integral.sum())
+        stats["non_integral"] += int((~np.isnan(values) & ~integral).sum())
         return text
     if pa.types.is_integer(t):
         return io.to_text(array)
     text = io.to_text(array)
     if column == S.OMOP_CONDITION_CONCEPT_ID or float_printed:
         repaired = integer_text(array)
-        stats["float_printed"] += int(((repaired != text) & keep).sum())
+        stats["float_printed"] += int((repaired != text).sum())
         return repaired
     return text
-
-
-def _float_printed_file(path: Path) -> bool:
-    """Whether every non-empty condition_source_value of the file is an integer printed as a float."""
-    seen = False
-    for batch in _batches_of(path, S.OMOP_CONDITION_SOURCE_VALUE):
-        if not (pa.types.is_string(batch.type) or pa.types.is_large_string(batch.type)):
-            return False
-        text = pc.utf8_trim_whitespace(batch)
-        present = pc.fill_null(pc.greater(pc.utf8_length(text), 0), False)
-        matching = pc.fill_null(pc.match_substring_regex(text, FLOAT_PRINTED), False)
-        if pc.any(pc.and_(present, pc.invert(matching))).as_py():
-            return False
-        seen = seen or bool(pc.any(present).as_py())
-    return seen
-
-
-def _batches_of(path: Path, column: str) -> Iterator[pa.ChunkedArray]:
-    actual = next(c for c in io.column_names(path) if c.lower() == column)
-    for batch in io.iter_batches(path, [actual]):
-        yield batch[actual]
 
 
 def _visit_notes(events: pd.DataFrame, visits: pd.DataFrame | None, notes: dict[str, Any]) -> None:
@@ -555,4 +609,4 @@ def _visit_notes(events: pd.DataFrame, visits: pd.DataFrame | None, notes: dict[
     )
 
 
-__all__ = ["find_table", "integer_text", "read"]
+__all__ = ["build", "find_table", "integer_text", "lookups", "plan", "read"]
