@@ -52,11 +52,15 @@ def run_etl_on_ray(input_dir: Path, out_dir: Path, config: EtlConfig, ray_config
     options = {"num_cpus": ray_config.cpus_per_worker, "concurrency": workers}
     # a sort shuffle runs as tasks; the default hash shuffle's aggregator actors hold CPUs of their own,
     # which on a small cluster leaves the tasks that consume their output waiting
-    ray.data.DataContext.get_current().shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
-    with user_errors():
-        results = _first_pass(ray, input_dir, out_dir, config, n_shards, options)
-        vocabulary = fit_vocabulary(runner.sum_train_counts(results), config.min_code_count)
-        token_stats = _second_pass(ray, results, vocabulary, out_dir, options)
+    context = ray.data.DataContext.get_current()
+    caller_strategy, context.shuffle_strategy = context.shuffle_strategy, ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    try:
+        with user_errors():
+            results = _first_pass(ray, input_dir, out_dir, config, n_shards, options)
+            vocabulary = fit_vocabulary(runner.sum_train_counts(results), config.min_code_count)
+            token_stats = _second_pass(ray, results, vocabulary, out_dir, options)
+    finally:
+        context.shuffle_strategy = caller_strategy  # the caller's Ray Data settings, as they were
     manifest = runner.finish_etl(results, vocabulary, token_stats, config, input_dir, out_dir)
     manifest["engine"] = {"name": "ray", "workers": workers}
     manifest["seconds"] = round(time.perf_counter() - started, 3)
