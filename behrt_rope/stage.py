@@ -86,11 +86,8 @@ def is_done(
 def input_runs(inputs: Iterable[str | Path | None]) -> dict[str, int]:
     """Which finished run each input stage directory holds: its ``.done`` marker's write time (ns), which
     changes with every run that finishes there (a skipped rerun does not rewrite it)."""
-    runs = {}
-    for path in inputs:
-        if path and (Path(path) / schema.DONE_MARKER).exists():
-            runs[str(Path(path).resolve())] = (Path(path) / schema.DONE_MARKER).stat().st_mtime_ns
-    return runs
+    markers = {Path(path).resolve(): Path(path) / schema.DONE_MARKER for path in inputs if path}
+    return {str(folder): marker.stat().st_mtime_ns for folder, marker in markers.items() if marker.exists()}
 
 
 def _drop(tree: Any, path: list[str]) -> None:

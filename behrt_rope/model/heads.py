@@ -187,14 +187,15 @@ class BehrtForMultiLabel(nn.Module):
         """
         count = score_at.nonzero()[:, 1:].to(hidden.dtype) + 1.0  # (N, 1): tokens in each scored history
         history_mean = hidden.cumsum(dim=1)[score_at] / count  # (N, H)
-        age = self.encoder.embeddings.age.features(ages[score_at]).to(hidden.dtype)  # (N, k + 1)
+        years = ages[score_at]  # (N,)
+        age = self.encoder.embeddings.age.features(years).to(hidden.dtype)  # (N, k + 1)
         parts = [hidden[score_at], history_mean]
         if self.config.history_max:
             parts.append(torch.cummax(hidden, dim=1).values[score_at])  # (N, H)
         parts.append(age)
         if self.age_basis is not None:
-            years = ages[score_at].float()[:, None]  # (N, 1)
-            scaled = torch.cat([years / 10.0, torch.log1p(years.clamp(min=0.0))], dim=-1)  # (N, 2)
+            x = years.float()[:, None]  # (N, 1)
+            scaled = torch.cat([x / 10.0, torch.log1p(x.clamp(min=0.0))], dim=-1)  # (N, 2)
             parts.append(self.age_basis(scaled).to(hidden.dtype))  # (N, age_basis)
         return torch.cat(parts, dim=-1)
 
