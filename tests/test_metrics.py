@@ -14,6 +14,8 @@ from behrt_rope.evaluation.metrics import (
     bootstrap_replicates,
     per_code_table,
     per_column_scores,
+    percentile_interval,
+    percentile_intervals,
     precision_recall_at_k,
     summary_metrics,
 )
@@ -119,6 +121,31 @@ def test_bootstrap_ci_contains_point_and_is_reproducible() -> None:
         assert high - low < 0.3
     assert bootstrap_ci(y, score, n_bootstrap=100, seed=7) == ci
     assert bootstrap_ci(y, score, n_bootstrap=100, seed=8) != ci
+
+
+def test_bias_corrected_interval_follows_the_replicates_bias() -> None:
+    """Replicates that sit above the estimate (as AP replicates of rare codes do) move the interval down
+    so that it keeps the estimate; unbiased replicates give the plain percentile interval."""
+    rng = np.random.default_rng(3)
+    unbiased = rng.normal(0.0, 1.0, 4000)
+    plain = percentile_interval(unbiased)
+    assert percentile_interval(unbiased, point=float(np.median(unbiased))) == pytest.approx(plain, abs=0.02)
+    biased = unbiased + 1.5  # the estimate 0 sits at the 7% quantile of its replicates
+    low, high = percentile_interval(biased)
+    assert low > -0.5  # the plain interval barely reaches the estimate ...
+    bc_low, bc_high = percentile_interval(biased, point=0.0)
+    assert bc_low < low - 0.5 and bc_high < high - 0.5  # ... the corrected one moves down by the bias
+    assert bc_low < 0.0 < bc_high
+    all_above = np.linspace(0.275, 0.317, 200)  # the session-4 demo's macro AP 0.273 with 0.275-0.317
+    low, high = percentile_interval(all_above, point=0.273)
+    assert low == 0.273 and high < 0.317  # stretched to the estimate, upper end pulled down
+
+
+def test_per_code_intervals_are_bias_corrected_around_each_point() -> None:
+    reps = np.stack([np.linspace(1.0, 2.0, 101), np.linspace(-1.0, 1.0, 101)], axis=1)  # (B, 2)
+    low, high = percentile_intervals(reps, 0.9, point=np.array([1.0, 0.0]))
+    assert low[0] == pytest.approx(1.0) and high[0] < 1.95  # estimate at the bottom: interval pulled down
+    assert (low[1], high[1]) == pytest.approx((-0.9, 0.9))  # estimate at the median: plain interval
 
 
 def test_bootstrap_replicates_are_resampled_metrics() -> None:

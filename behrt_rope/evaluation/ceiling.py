@@ -109,5 +109,6 @@ def gap_closed(evaluations: Mapping[str, Mapping[str, Any]], low: str, metric: s
             out[name] = {"point": None, "ci": [None, None]}
             continue
         shares = np.where(gaps > 0, (replicates(name) - replicates(low)) / np.where(gaps > 0, gaps, 1.0), np.nan)
-        out[name] = {"point": (value(name) - value(low)) / gap, "ci": list(percentile_interval(shares, CI_LEVEL))}
+        point = (value(name) - value(low)) / gap
+        out[name] = {"point": point, "ci": list(percentile_interval(shares, CI_LEVEL, point))}
     return out

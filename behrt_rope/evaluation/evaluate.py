@@ -94,7 +94,7 @@ def micro_curves(y_true: np.ndarray, y_score: np.ndarray) -> dict[str, dict[str,
 
 
 def _with_ci(summary: dict[str, Any], replicates: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    summary["ci"] = {name: percentile_interval(replicates[name], CI_LEVEL) for name in HEADLINE_METRICS}
+    summary["ci"] = {name: percentile_interval(replicates[name], CI_LEVEL, summary[name]) for name in HEADLINE_METRICS}
     return summary
 
 

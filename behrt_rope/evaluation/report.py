@@ -89,10 +89,11 @@ DEFINITIONS = (
     ),
     (
         "95% CI",
-        "Percentile bootstrap interval: samples are resampled with replacement and every metric is "
-        "recomputed. The difference column resamples both models on the same draws (paired). A macro "
-        "replicate averages the same codes as the estimate. Resampling duplicates cases, which pushes AP "
-        "up a little for codes with few cases: treat their intervals as rough.",
+        "Bias-corrected percentile bootstrap interval: samples are resampled with replacement and every "
+        "metric is recomputed. The difference column resamples both models on the same draws (paired). A "
+        "macro replicate averages the same codes as the estimate. Resampling duplicates cases, which pushes "
+        "AP up for codes with few cases; the bias correction shifts the interval back by how far the "
+        "resamples sit from the estimate, but treat intervals of rare codes as rough.",
     ),
 )
 
@@ -199,7 +200,7 @@ def _section(title: str, *parts: str) -> str:
 def paired_difference(
     model: Mapping[str, Any], baseline: Mapping[str, Any] | None, metric: str, section: str = "overall"
 ) -> tuple[float, float, float] | None:
-    """(model - baseline, low, high) for a headline metric, with a paired percentile bootstrap interval.
+    """(model - baseline, low, high) for a headline metric, with a paired bias-corrected bootstrap interval.
 
     Needs both ``evaluate_scores`` dicts to come from the same labels, history, n_bootstrap and seed (same
     ``pairing_key``), so replicate b of both resamples the same samples; otherwise None.
@@ -213,7 +214,7 @@ def paired_difference(
     reps_b = np.asarray(baseline.get("bootstrap", {}).get(section, {}).get(metric, []), dtype=float)
     low, high = (np.nan, np.nan)
     if reps_a.size and reps_a.shape == reps_b.shape:
-        low, high = percentile_interval(reps_a - reps_b, CI_LEVEL)
+        low, high = percentile_interval(reps_a - reps_b, CI_LEVEL, float(a[metric] - b[metric]))
     return float(a[metric] - b[metric]), low, high
 
 
