@@ -65,8 +65,8 @@ def build_model_dir(root: Path, patients: int, seed: int, **model: Any) -> tuple
     vocab = load_vocabulary(root / "etl")["token"].tolist()
     torch.manual_seed(seed)
     config = ModelConfig(vocab_size=len(vocab), **model)
-    model = BehrtForMultiLabel(config, N_LABELS)
     labels = list(range(S.N_SPECIAL, S.N_SPECIAL + N_LABELS))
+    model = BehrtForMultiLabel(config, N_LABELS, label_token_ids=labels)
     model_dir = root / "model"
     model_dir.mkdir()
     (model_dir / S.DONE_MARKER).write_text("finetune\n")  # a finished fine-tuning output, as predict expects

@@ -128,7 +128,7 @@ def run(config: Config) -> Path:
             pos_weight = pos_weight_from_counts(
                 torch.from_numpy(train.y.sum(0)), len(train.y), config.pos_weight_max
             ).tolist()
-        task = MultiLabelTask(model_config, tc, len(label_ids), config.pooling, pos_weight)
+        task = MultiLabelTask(model_config, tc, len(label_ids), config.pooling, pos_weight, label_ids.tolist())
         if pretrained_state is not None:
             load_encoder_weights(task.model, pretrained_state)
         train_loader = make_loader(train.dataset, tc, train.collate, True)
@@ -139,7 +139,7 @@ def run(config: Config) -> Path:
         seconds = time.perf_counter() - started
         best = str(getattr(trainer.checkpoint_callback, "best_model_path", "") or "")
         if best:
-            task = MultiLabelTask(model_config, tc, len(label_ids), config.pooling, pos_weight)
+            task = MultiLabelTask(model_config, tc, len(label_ids), config.pooling, pos_weight, label_ids.tolist())
             load_task_weights(task, best)
         # every rank validates (a collective under DDP); only rank 0 writes
         val = trainer.validate(task, val_loader, verbose=False)[0] if val_loader is not None else {}

@@ -3,6 +3,7 @@ recorded (direction and units), so a label can prefer recent records over old on
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from behrt_rope.model.config import ModelConfig
@@ -105,19 +106,25 @@ def _token_level_reference(attention: TokenLabelAttention, hidden, token_ids, vi
                         [[float(torch.log1p(torch.tensor(days))), float(torch.log1p(torch.tensor(float(visits))))]]
                     )
                 )[0]
-                scores.append(attention.query[h] @ keys[t, h] / KEY_SIZE**0.5 + attention.time_bias[h] @ e)
-                values.append(votes[t, h] + e @ attention.time_value[:, h])
+                score = attention.query[h] @ keys[t, h] / KEY_SIZE**0.5 + attention.time_bias[h] @ e
+                value = votes[t, h] + e @ attention.time_value[:, h]
+                if attention.label_token_ids is not None:  # the own-code prior
+                    own = (attention.label_token_ids == token_ids[b, t]).float()  # (L,)
+                    score, value = score + attention.own_score[h] * own, value + attention.own_vote[h] * own
+                scores.append(score)
+                values.append(value)
             weights = torch.softmax(torch.stack(scores), dim=0)  # (1 + tokens, L)
             logit += (weights * torch.stack(values)).sum(0).double()
         out.append(logit)
     return torch.stack(out)
 
 
-def test_per_visit_form_equals_the_token_level_formula():
+@pytest.mark.parametrize("own_code", [False, True])
+def test_per_visit_form_equals_the_token_level_formula(own_code: bool):
     """Scoring sums each visit's tokens first; with random weights it must match the token-by-token softmax."""
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=12, hidden_size=16, num_heads=2, label_attention_heads=2)
-    attention = TokenLabelAttention(config, num_labels=3)
+    config = ModelConfig(vocab_size=12, hidden_size=16, num_heads=2, label_attention_heads=2, label_own_code=own_code)
+    attention = TokenLabelAttention(config, num_labels=3, label_token_ids=torch.tensor([5, 8, 11]))
     with torch.no_grad():
         for p in attention.parameters():
             p.normal_(0.0, 0.5)
@@ -137,3 +144,28 @@ def test_per_visit_form_equals_the_token_level_formula():
         reference = _token_level_reference(attention, hidden, token_ids, visit_index, ages, score_at)
     assert fast.shape == (5, 3)
     torch.testing.assert_close(fast.double(), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_own_code_prior_finds_the_label_code_without_a_query():
+    """With every learned weight at zero but the own-code biases, a label attends to and votes from the
+    records of its own code, and only those: another code's records leave it at the sink."""
+    config = ModelConfig(vocab_size=10, hidden_size=KEY_SIZE, num_heads=2, label_attention_heads=1, label_own_code=True)
+    attention = TokenLabelAttention(config, num_labels=2, label_token_ids=torch.tensor([CODE, OTHER + 1]))
+    with torch.no_grad():
+        for p in attention.parameters():
+            p.zero_()
+        attention.own_score.fill_(12.0)
+        attention.own_vote.fill_(1.0)
+    batch = _patient(30.0)  # CODE once, OTHER twice, never OTHER + 1
+    with torch.no_grad():
+        logits = attention(
+            torch.zeros(1, 6, KEY_SIZE), batch["token_ids"], batch["visit_index"], batch["ages"], batch["score_at"]
+        )
+    assert logits[0, 0] > 0.99  # nearly all weight on the one CODE record, whose own-code vote is 1
+    assert logits[0, 1] == 0.0  # nothing of its own code: no vote
+
+
+def test_own_code_ids_must_match_the_labels():
+    config = ModelConfig(vocab_size=10, hidden_size=16, num_heads=2, label_attention_heads=1, label_own_code=True)
+    with pytest.raises(ValueError, match="must hold 3 ids"):
+        TokenLabelAttention(config, num_labels=3, label_token_ids=torch.tensor([4, 5]))

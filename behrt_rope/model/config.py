@@ -61,6 +61,11 @@ class ModelConfig:
     """What the per-label attention reads: every earlier code token, with a learned label-specific function
     of the days and visits since it was recorded (token; ``token_label_attention.py``), or the [SEP] states
     of earlier visits, half the heads rotated by visit index and half by age in days (visit)."""
+    label_own_code: bool = False
+    """Fine-tuning head (token label attention): each label also learns how much its *own* code's records
+    weigh in its attention score and vote (per head, one score and one vote bias on the tokens that are the
+    label's code), a copy prior so that "was this very code recorded, how often, how recently" is there from
+    the first step instead of being found by a query; the model must be told the label codes."""
     age_basis: int = 32
     """Fine-tuning head (visit pooling): width of a learned basis of the age at the scored visit (GELU of a
     linear map of age / 10 and log(1 + age), in years) that the classifier reads beside Time2Vec(age), so that
@@ -85,5 +90,5 @@ class ModelConfig:
             raise ValueError("dropout and attention_dropout must lie in [0, 1)")
 
 
-HEAD_FIELDS = ("label_attention_heads", "label_attention_keys", "history_max", "age_basis", "wide")
+HEAD_FIELDS = ("label_attention_heads", "label_attention_keys", "history_max", "label_own_code", "age_basis", "wide")
 """ModelConfig fields of the fine-tuning head; the encoder's other fields come with a pre-trained encoder."""

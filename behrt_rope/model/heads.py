@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
 import torch
@@ -113,13 +113,19 @@ class BehrtForMultiLabel(nn.Module):
       recorded. An optional *wide* linear path (Cheng et al., 2016, "Wide & Deep"; ``config.wide``, off by
       default) adds a logit from log(1 + count) of every code seen so far: what a bag-of-codes regression
       sees, from step one.
+      With ``config.label_own_code``, pass ``label_token_ids`` ``(L,)``: the token id of each label's code
+      (a trained model's state dict carries them).
     * ``"cls"``: the ``[CLS]`` state (position 0) of a bidirectional pass over the input (one prediction
       time per sequence, the input cut at it), as BEHRT did.
     * ``"mean"``: the mean of the real tokens' states of a bidirectional pass.
     """
 
     def __init__(
-        self, config: ModelConfig, num_labels: int, pooling: Literal["visit", "cls", "mean"] = "visit"
+        self,
+        config: ModelConfig,
+        num_labels: int,
+        pooling: Literal["visit", "cls", "mean"] = "visit",
+        label_token_ids: Sequence[int] | torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         if num_labels <= 0:
@@ -146,7 +152,8 @@ class BehrtForMultiLabel(nn.Module):
         use_label_attention = visit and config.label_attention_heads > 0
         self.label_attention: LabelAttention | TokenLabelAttention | None = None
         if use_label_attention and config.label_attention_keys == "token":
-            self.label_attention = TokenLabelAttention(config, num_labels)
+            ids = None if label_token_ids is None else torch.as_tensor(label_token_ids, dtype=torch.long)
+            self.label_attention = TokenLabelAttention(config, num_labels, ids)
         elif use_label_attention:
             self.label_attention = LabelAttention(config, num_labels)
             self.label_attention.key.apply(init_weights)

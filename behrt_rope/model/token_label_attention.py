@@ -7,14 +7,16 @@ vector; a mean over ``n`` tokens dilutes a single recorded code ``n`` times. Her
 own learned query that scores every code token ``t`` of the history, and the score carries a learned,
 label-specific function of the time elapsed between ``t`` and the scored visit:
 
-    score(l, t) = q_l . K h_t / sqrt(k) + a_l . e(t)
-    vote(l, t)  = u_l . h_t + c_l . e(t)
+    score(l, t) = q_l . K h_t / sqrt(k) + a_l . e(t)  [+ s_l if t is l's own code]
+    vote(l, t)  = u_l . h_t + c_l . e(t)              [+ o_l if t is l's own code]
     logit_l    += sum_heads [ softmax_t'(sink_l, score(l, t')) . (v_sink_l, vote(l, t')) ]
 
 with ``e(t)`` learned features of ``log(1 + days since t)`` and ``log(1 + visits since t)``. The softmax
 picks out the tokens relevant to ``l`` (typically ``l`` itself and what predicts it); the time bias lets each
 label prefer recent or old records; a learned *sink* takes the weight when nothing relevant was recorded,
-so the mass on real tokens grows with how often they were recorded. The same mechanism as CAML/LAAT's
+so the mass on real tokens grows with how often they were recorded. With ``config.label_own_code`` a label
+also has a learned score and vote bias (``s_l``, ``o_l``, per head) on the records of its own code: a copy
+prior, since a diagnosis already on file is the first thing that predicts it. The same mechanism as CAML/LAAT's
 label-wise attention (Mullenbach et al. 2018; Vu et al. 2020) with time in the scores, as in time-aware
 attention for EHRs (e.g. Bai et al. 2018).
 
@@ -51,7 +53,9 @@ CHUNK_SCORES = 4_000_000
 class TokenLabelAttention(nn.Module):
     """Hidden states of a visit-causal pass -> one extra logit per label at each scored [SEP]."""
 
-    def __init__(self, config: ModelConfig, num_labels: int) -> None:
+    label_token_ids: torch.Tensor | None  # (L,) long buffer with config.label_own_code, else None
+
+    def __init__(self, config: ModelConfig, num_labels: int, label_token_ids: torch.Tensor | None = None) -> None:
         super().__init__()
         nh, k, E = config.label_attention_heads, KEY_SIZE, ELAPSED_SIZE
         self.num_heads, self.num_labels = nh, num_labels
@@ -64,6 +68,19 @@ class TokenLabelAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, nh * num_labels, bias=False)
         self.time_value = nn.Parameter(torch.zeros(E, nh, num_labels))
         self.sink_value = nn.Parameter(torch.zeros(nh, num_labels))
+        # Own-code prior (config.label_own_code): biases on the score and the vote of the tokens that are the
+        # label's own code. The ids are part of the state dict (a trained model carries its label codes);
+        # -1 (matches no token) until training sets them or a state dict is loaded.
+        self.own_score = nn.Parameter(torch.zeros(nh, num_labels)) if config.label_own_code else None
+        self.own_vote = nn.Parameter(torch.zeros(nh, num_labels)) if config.label_own_code else None
+        ids = None
+        if config.label_own_code:
+            ids = torch.full((num_labels,), -1, dtype=torch.long)
+            if label_token_ids is not None:
+                ids = torch.as_tensor(label_token_ids, dtype=torch.long).clone()
+                if ids.shape != (num_labels,):
+                    raise ValueError(f"label_token_ids must hold {num_labels} ids, got shape {tuple(ids.shape)}")
+        self.register_buffer("label_token_ids", ids)
         nn.init.normal_(self.key.weight, std=INIT_STD)
         nn.init.zeros_(self.key.bias)
         nn.init.zeros_(self.value.weight)
@@ -96,6 +113,10 @@ class TokenLabelAttention(nn.Module):
         # the per-visit tensors, so the rest is elementwise work without permuted copies.
         match = torch.einsum("hlk,bthk->bhlt", self.query.to(hidden.dtype), keys) * KEY_SIZE**-0.5
         votes = self.value(hidden).view(B, T, nh, L).permute(0, 2, 3, 1)  # (B, nh, L, T)
+        if self.label_token_ids is not None and self.own_score is not None and self.own_vote is not None:
+            own = (token_ids[:, None, :] == self.label_token_ids[None, :, None]).to(match.dtype)  # (B, L, T)
+            match = match + self.own_score.to(match.dtype)[None, :, :, None] * own[:, None]
+            votes = votes + self.own_vote.to(votes.dtype)[None, :, :, None] * own[:, None]
         visit_match, visit_votes, visit_age = _per_visit(match, votes, token_ids >= N_SPECIAL, visit_index, ages)
         scored_visit = visit_index[rows, cols]  # (N,)
         scored_age = ages[rows, cols]  # (N,)

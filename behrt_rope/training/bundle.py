@@ -28,7 +28,12 @@ from behrt_rope.stage import require_done
 
 FORMAT = "behrt-rope-model"
 FORMAT_VERSION = 1
-ADDED_LATER: dict[str, Any] = {"history_max": False, "label_attention_keys": "visit", "age_basis": 0}
+ADDED_LATER: dict[str, Any] = {
+    "history_max": False,
+    "label_attention_keys": "visit",
+    "age_basis": 0,
+    "label_own_code": False,
+}
 """ModelConfig fields added after format version 1, with the value that a ``model.json`` written before them
 means: the model as it was then (their current defaults would describe a different set of weights)."""
 

@@ -149,9 +149,10 @@ class MultiLabelTask(_Task):
         num_labels: int,
         pooling: str = "visit",
         pos_weight: list[float] | None = None,
+        label_token_ids: list[int] | None = None,
     ) -> None:
         super().__init__(model_config, trainer_config)
-        self.model = BehrtForMultiLabel(model_config, num_labels, pooling)  # type: ignore[arg-type]
+        self.model = BehrtForMultiLabel(model_config, num_labels, pooling, label_token_ids)  # type: ignore[arg-type]
         self.register_buffer(
             "pos_weight", torch.tensor(pos_weight, dtype=torch.float32) if pos_weight is not None else None
         )
