@@ -39,7 +39,14 @@ from behrt_rope.errors import UserError
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.evaluation import meds_predictions
 from behrt_rope.scoring.precision import Precision
-from behrt_rope.scoring.shard import Prepared, n_shards, predictions_schema, predictions_table, prepare_shard
+from behrt_rope.scoring.shard import (
+    Prepared,
+    ShardSource,
+    n_shards,
+    predictions_schema,
+    predictions_table,
+    prepare_shard,
+)
 from behrt_rope.stage import file_output, write_json
 from behrt_rope.training.bundle import load_bundle
 
@@ -229,12 +236,13 @@ def _predict_local(job: Job, config: Config, bundle: dict[str, Any], sink: Calla
     scorer = Scorer(multilabel_model(bundle), device, config.precision, config.batch_tokens, config.batch_size)
     log.info("predict: scoring on %s in %s", device, str(scorer.dtype).removeprefix("torch."))
     tally = Tally()
+    src = ShardSource.open(Path(job.input_dir), job.etl)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending: Future[Prepared] = pool.submit(_prepare, job, 0)
+        pending: Future[Prepared] = pool.submit(prepare_shard, src, job.vocab, 0, job.shards)
         for shard in tqdm(range(job.shards), desc="predict: shards", disable=not config.progress or job.shards == 1):
             prepared = pending.result()
             if shard + 1 < job.shards:
-                pending = pool.submit(_prepare, job, shard + 1)
+                pending = pool.submit(prepare_shard, src, job.vocab, shard + 1, job.shards)
             sink(score_prepared(job, prepared, scorer))
             tally.add(
                 len(prepared.seqs), prepared.unscored, prepared.quarantine, prepared.unknown_codes, prepared.code_events
@@ -260,10 +268,6 @@ def _collect(job: Job, config: Config, bundle: dict[str, Any], out: Path) -> tup
     if table is None:
         table = predictions_schema(job.patient_id_type or "string").empty_table()
     return table, tally
-
-
-def _prepare(job: Job, shard: int) -> Prepared:
-    return prepare_shard(Path(job.input_dir), job.etl, job.vocab, shard, job.shards)
 
 
 def _write_sidecars(

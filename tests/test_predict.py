@@ -47,6 +47,19 @@ def test_sharded_predictions_equal_unsharded_and_stream_as_row_groups(model, tmp
 
 
 @pytest.mark.slow
+def test_the_input_is_planned_once_however_many_shards(model, tmp_path, monkeypatch):
+    """Schema checks and reference tables are per input, not per shard: a 4-shard run plans once."""
+    from behrt_rope.etl.readers import visits
+
+    calls = []
+    real_plan = visits.plan
+    monkeypatch.setattr(visits, "plan", lambda *args: calls.append(args) or real_plan(*args))
+    raw, model_dir = model
+    predict(raw, model_dir, tmp_path / "p.parquet", "shards=4", "precision=fp32")
+    assert len(calls) == 1 and summary(tmp_path / "p.parquet")["shards"] == 4
+
+
+@pytest.mark.slow
 def test_shards_default_to_the_input_size(model, tmp_path):
     raw, model_dir = model
     predict(raw, model_dir, tmp_path / "p.parquet", "shard_rows=2000")

@@ -41,9 +41,10 @@ class ShardScorer:
         self.job = job
         model = multilabel_model(load_bundle(job.model_dir, "multilabel"))
         self.scorer = Scorer(model, resolve_device(device), precision, max_tokens, max_batch)  # type: ignore[arg-type]
+        self.source: Any = None  # the input, planned at the first shard this actor scores
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
-        from behrt_rope.scoring.shard import prepare_shard
+        from behrt_rope.scoring.shard import ShardSource, prepare_shard
         from pipelines.predict import score_prepared
 
         out: dict[str, list[Any]] = {
@@ -55,7 +56,9 @@ class ShardScorer:
             "quarantine": [],
         }
         for shard in batch["shard"].tolist():
-            prepared = prepare_shard(Path(self.job.input_dir), self.job.etl, self.job.vocab, shard, self.job.shards)
+            if self.source is None:
+                self.source = ShardSource.open(Path(self.job.input_dir), self.job.etl)
+            prepared = prepare_shard(self.source, self.job.vocab, shard, self.job.shards)
             table = score_prepared(self.job, prepared, self.scorer)
             pq.write_table(table, Path(self.job.out_dir) / f"part-{shard:05d}.parquet")
             out["shard"].append(shard)

@@ -1,8 +1,9 @@
 """One patient shard of a ``predict`` run, read to predictions: the unit of work of every engine.
 
-:func:`prepare_shard` reads one hash shard of the raw input with the model's own ETL settings and
-vocabulary; :func:`predictions_table` lays the probabilities out as the predictions (long layout). The local engine
-calls them shard after shard in one process, the Ray engine in a pool of actors; both produce the same rows.
+:class:`ShardSource` plans the raw input once (schemas checked, reference tables read); :func:`prepare_shard`
+reads one hash shard of it with the model's own ETL settings and vocabulary; :func:`predictions_table` lays
+the probabilities out as the predictions (long layout). The local engine calls them shard after shard in one
+process, the Ray engine in a pool of actors; both produce the same rows.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,7 +21,8 @@ from behrt_rope import schema as S
 from behrt_rope.data.sequences import Sequences, from_table
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.io import TABLE_SUFFIXES
-from behrt_rope.etl.readers import reader_for
+from behrt_rope.etl.raw import RawTables
+from behrt_rope.etl.readers import FormatReader, format_reader, source
 from behrt_rope.etl.runner import process_shard
 from behrt_rope.etl.tokenize import to_token_table
 
@@ -62,12 +65,38 @@ def n_shards(input_dir: Path, shards: int, shard_rows: int) -> int:
     return max(1, -(-estimate_rows(input_dir) // shard_rows))
 
 
-def prepare_shard(input_dir: Path, etl: EtlConfig, vocab: pd.DataFrame, shard: int, shards: int) -> Prepared:
+@dataclass
+class ShardSource:
+    """An input directory planned once, then read shard by shard: the plan (files, columns, schema checks),
+    the reference tables (MEDS metadata, OMOP concepts) and the per-batch findings are the same for every
+    shard, so a run with many shards reads them once instead of once per shard."""
+
+    etl: EtlConfig
+    reader: FormatReader
+    plan: source.Plan
+    lookups: Any
+    facts: source.BatchFacts
+
+    @classmethod
+    def open(cls, input_dir: Path, etl: EtlConfig) -> ShardSource:
+        """Plan ``input_dir`` in ``etl.format``; raises ``InputSchemaError`` before any row is read."""
+        reader = format_reader(etl.format)
+        plan = reader.plan(input_dir, etl)
+        return cls(etl, reader, plan, reader.lookups(plan, etl), reader.facts(plan, etl))
+
+    def read(self, shard: int, shards: int) -> RawTables:
+        """Canonical tables of patient shard ``shard`` of ``shards`` (the rows of every file are streamed)."""
+        data = source.gather(self.plan, self.reader.id_text, self.facts, shard, shards, self.lookups)
+        return self.reader.build(data, self.etl)
+
+
+def prepare_shard(src: ShardSource, vocab: pd.DataFrame, shard: int, shards: int) -> Prepared:
     """Read, clean and tokenise patient shard ``shard`` of ``shards`` with the model's settings and vocabulary.
 
     ``vocab``: ``token_id``, ``token``. Codes outside it become [UNK] and are counted in ``unknown_codes``.
     """
-    raw = reader_for(etl.format)(input_dir, etl, shard, shards)
+    etl = src.etl
+    raw = src.read(shard, shards)
     result = process_shard(raw, etl)
     structured = result.structured
     tokens = structured.codes["token"].to_numpy(dtype=object)
