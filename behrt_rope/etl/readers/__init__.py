@@ -18,10 +18,6 @@ from behrt_rope.etl.raw import RawTables
 from behrt_rope.etl.readers.source import BatchFacts, Plan, ShardInput
 
 
-class Reader(Protocol):
-    def __call__(self, input_dir: Path, config: EtlConfig, shard: int, n_shards: int) -> RawTables: ...
-
-
 class FormatReader(Protocol):
     """A reader module, split into what reads the files and what turns one shard's rows into tables."""
 
@@ -53,8 +49,3 @@ class FormatReader(Protocol):
 def format_reader(fmt: str) -> FormatReader:
     """The reader module of format ``fmt`` (visits, meds or omop)."""
     return cast(FormatReader, importlib.import_module(f"behrt_rope.etl.readers.{fmt}"))
-
-
-def reader_for(fmt: str) -> Reader:
-    """The ``read`` function of format ``fmt`` (visits, meds or omop)."""
-    return format_reader(fmt).read
