@@ -415,3 +415,26 @@ def test_load_encoder_weights_from_a_pretrained_mlm_model() -> None:
         load_encoder_weights(finetune, {"head.weight": torch.zeros(1)})
     with pytest.raises(RuntimeError):  # a config mismatch is an error, not a partial load
         load_encoder_weights(BehrtForMultiLabel(dataclasses.replace(config, vocab_size=41), 4), pretrained.state_dict())
+
+
+def test_one_scored_visit_per_row_gives_the_running_history_features():
+    """predict scores one visit per row through masked sums and maxima; they must equal the running sum and
+    max that training reads at the same positions (padding after the scored position never counts)."""
+    torch.manual_seed(0)
+    model = BehrtForMultiLabel(tiny_config(), num_labels=3).eval()
+    hidden = torch.randn(4, 9, 32)
+    ages = torch.rand(4, 9) * 80
+    positions = torch.tensor([8, 3, 0, 5])
+    one_per_row = torch.zeros(4, 9, dtype=torch.bool)
+    one_per_row[torch.arange(4), positions] = True
+    fast = model._visit_features(hidden, ages, one_per_row)
+    H = hidden.shape[-1]
+    running_mean = hidden.cumsum(dim=1)[one_per_row] / (positions[:, None].float() + 1.0)
+    running_max = torch.cummax(hidden, dim=1).values[one_per_row]
+    torch.testing.assert_close(fast[:, :H], hidden[one_per_row])
+    torch.testing.assert_close(fast[:, H : 2 * H], running_mean, rtol=1e-6, atol=1e-6)
+    assert torch.equal(fast[:, 2 * H : 3 * H], running_max)
+    two_in_a_row = one_per_row.clone()
+    two_in_a_row[0, 2] = True  # the general path
+    general = model._visit_features(hidden, ages, two_in_a_row)
+    torch.testing.assert_close(general[1:], fast, rtol=1e-6, atol=1e-6)  # row 0 scored at 2, then at 8

@@ -192,13 +192,22 @@ class BehrtForMultiLabel(nn.Module):
         position ``p`` is exactly the real tokens ``0..p``: its mean and max are a running sum (over ``p + 1``)
         and a running max along the row, O(T H) per patient.
         """
-        count = score_at.nonzero()[:, 1:].to(hidden.dtype) + 1.0  # (N, 1): tokens in each scored history
-        history_mean = hidden.cumsum(dim=1)[score_at] / count  # (N, H)
+        positions = score_at.nonzero()[:, 1]  # (N,) the scored positions, row-major
+        count = positions[:, None].to(hidden.dtype) + 1.0  # (N, 1): tokens in each scored history
         years = ages[score_at]  # (N,)
         age = self.encoder.embeddings.age.features(years).to(hidden.dtype)  # (N, k + 1)
-        parts = [hidden[score_at], history_mean]
-        if self.config.history_max:
-            parts.append(torch.cummax(hidden, dim=1).values[score_at])  # (N, H)
+        parts = [hidden[score_at]]
+        if len(positions) == len(hidden) and bool((score_at.sum(dim=1) == 1).all()):
+            # One scored visit per row (predict): a masked sum and max over each row's history, not running
+            # ones over every position.
+            history = torch.arange(hidden.shape[1], device=hidden.device)[None, :] <= positions[:, None]  # (B, T)
+            parts.append((hidden * history[..., None]).sum(dim=1) / count)  # (B, H)
+            if self.config.history_max:
+                parts.append(hidden.masked_fill(~history[..., None], float("-inf")).amax(dim=1))  # (B, H)
+        else:
+            parts.append(hidden.cumsum(dim=1)[score_at] / count)  # (N, H)
+            if self.config.history_max:
+                parts.append(torch.cummax(hidden, dim=1).values[score_at])  # (N, H)
         parts.append(age)
         if self.age_basis is not None:
             x = years.float()[:, None]  # (N, 1)
