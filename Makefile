@@ -31,7 +31,9 @@ demo: $(STAMP)
 	$(PY) -m pipelines.demo --out $(DEMO)
 
 bench: $(STAMP)
+	$(PIP) -e ".[bench]"  # Hugging Face's RoFormer, the scoring benchmark's reference
 	$(PY) benchmarks/etl_throughput.py
+	$(PY) benchmarks/predict_throughput.py --patients 10000 --baseline-patients 2000
 
 clean:
 	rm -rf $(VENV) $(DEMO) .mypy_cache .ruff_cache
