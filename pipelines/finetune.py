@@ -67,8 +67,8 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     """Without --pretrained, the whole model; with it, only the head's settings (label_attention_heads,
-    label_attention_keys, history_max, age_basis, wide) and the dropout rates: a pre-trained encoder brings
-    its own configuration, and a clashing model.* value is an error."""
+    label_attention_keys, history_max, label_own_code, age_basis, wide) and the dropout rates: a pre-trained
+    encoder brings its own configuration, and a clashing model.* value is an error."""
     trainer: TrainerConfig = field(
         default_factory=lambda: TrainerConfig(max_epochs=20, learning_rate=3e-3, early_stopping_patience=0)
     )
@@ -128,7 +128,11 @@ def run(config: Config) -> Path:
             pos_weight = pos_weight_from_counts(
                 torch.from_numpy(train.y.sum(0)), len(train.y), config.pos_weight_max
             ).tolist()
-        task = MultiLabelTask(model_config, tc, len(label_ids), config.pooling, pos_weight, label_ids.tolist())
+
+        def new_task() -> MultiLabelTask:
+            return MultiLabelTask(model_config, tc, len(label_ids), config.pooling, pos_weight, label_ids.tolist())
+
+        task = new_task()
         if pretrained_state is not None:
             load_encoder_weights(task.model, pretrained_state)
         train_loader = make_loader(train.dataset, tc, train.collate, True)
@@ -139,7 +143,7 @@ def run(config: Config) -> Path:
         seconds = time.perf_counter() - started
         best = str(getattr(trainer.checkpoint_callback, "best_model_path", "") or "")
         if best:
-            task = MultiLabelTask(model_config, tc, len(label_ids), config.pooling, pos_weight, label_ids.tolist())
+            task = new_task()
             load_task_weights(task, best)
         # every rank validates (a collective under DDP); only rank 0 writes
         val = trainer.validate(task, val_loader, verbose=False)[0] if val_loader is not None else {}

@@ -37,11 +37,11 @@ from behrt_rope import schema as S
 from behrt_rope.engine.config import RayConfig
 from behrt_rope.errors import UserError
 from behrt_rope.etl.config import EtlConfig
+from behrt_rope.etl.readers import ShardSource
 from behrt_rope.evaluation import meds_predictions
 from behrt_rope.scoring.precision import Precision
 from behrt_rope.scoring.shard import (
     Prepared,
-    ShardSource,
     n_shards,
     predictions_schema,
     predictions_table,

@@ -36,7 +36,7 @@ from behrt_rope.engine.runtime import init_ray, pool_size, user_errors
 from behrt_rope.etl import runner
 from behrt_rope.etl.codes import fit_vocabulary
 from behrt_rope.etl.config import EtlConfig
-from behrt_rope.etl.readers import format_reader, source
+from behrt_rope.etl.readers import ShardSource, source
 
 
 def run_etl_on_ray(input_dir: Path, out_dir: Path, config: EtlConfig, ray_config: RayConfig) -> dict[str, Any]:
@@ -71,13 +71,12 @@ def _first_pass(
     ray: ModuleType, input_dir: Path, out_dir: Path, config: EtlConfig, n_shards: int, options: dict[str, Any]
 ) -> list[runner.ShardResult]:
     """Read, partition by shard and run the first pass; one result per shard, in shard order."""
-    reader = format_reader(config.format)
-    plan = reader.plan(input_dir, config)
-    lookups = reader.lookups(plan, config)
-    lookups = lookups.load() if hasattr(lookups, "load") else lookups  # broadcast whole to the tasks
+    src = ShardSource.open(input_dir, config)
+    reader, plan = src.reader, src.plan
+    lookups = src.lookups.load() if hasattr(src.lookups, "load") else src.lookups  # broadcast whole to the tasks
     runner.clear_outputs(out_dir)
     tmp = out_dir / runner.TMP_DIR
-    pieces = ray.data.read_datasource(ShardPieces(plan, reader.id_text, reader.facts(plan, config), n_shards))
+    pieces = ray.data.read_datasource(ShardPieces(plan, reader.id_text, src.facts, n_shards))
     pieces = pieces.materialize()  # read once: the facts and the shards both come from it
     found = pieces.filter(expr=col("shard") == FACTS_SHARD).select_columns(["facts"]).take_all()
     facts = source.merge_facts([plan.facts, *(json.loads(row["facts"]) for row in found)])

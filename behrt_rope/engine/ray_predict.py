@@ -44,7 +44,8 @@ class ShardScorer:
         self.source: Any = None  # the input, planned at the first shard this actor scores
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
-        from behrt_rope.scoring.shard import ShardSource, prepare_shard
+        from behrt_rope.etl.readers import ShardSource
+        from behrt_rope.scoring.shard import prepare_shard
         from pipelines.predict import score_prepared
 
         out: dict[str, list[Any]] = {

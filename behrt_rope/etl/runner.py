@@ -31,7 +31,7 @@ from behrt_rope.etl.clean import Cleaned, EventCodes, clean, quarantine_rows
 from behrt_rope.etl.codes import fit_vocabulary, token_codes
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.raw import RawTables
-from behrt_rope.etl.readers import format_reader, source
+from behrt_rope.etl.readers import ShardSource
 from behrt_rope.etl.split import assign_splits
 from behrt_rope.etl.tokenize import Structured, structure, to_token_table
 
@@ -112,14 +112,10 @@ def run_etl(input_dir: Path, out_dir: Path, config: EtlConfig, progress: bool = 
     started = time.perf_counter()
     clear_outputs(out_dir)
     tmp = out_dir / TMP_DIR if config.shards > 1 else None
-    reader = format_reader(config.format)
-    plan = reader.plan(input_dir, config)  # schemas checked before any row is read
-    lookups = reader.lookups(plan, config)
-    facts = reader.facts(plan, config)
+    src = ShardSource.open(input_dir, config)  # schemas checked before any row is read
     results = []
     for shard in tqdm(range(config.shards), desc="etl: reading shards", disable=not progress or config.shards == 1):
-        raw = reader.build(source.gather(plan, reader.id_text, facts, shard, config.shards, lookups), config)
-        results.append(first_pass(raw, config, shard, tmp))  # the shard's raw batches are freed by now
+        results.append(first_pass(src.read(shard, config.shards), config, shard, tmp))  # raw batches freed by now
     vocabulary = fit_vocabulary(sum_train_counts(results), config.min_code_count)
     token_stats = [write_shard_tokens(result, vocabulary, shard, out_dir, tmp) for shard, result in enumerate(results)]
     manifest = finish_etl(results, vocabulary, token_stats, config, input_dir, out_dir)

@@ -1,8 +1,8 @@
 """One patient shard of a ``predict`` run, read to predictions: the unit of work of every engine.
 
-:class:`ShardSource` plans the raw input once (schemas checked, reference tables read); :func:`prepare_shard`
-reads one hash shard of it with the model's own ETL settings and vocabulary; :func:`predictions_table` lays
-the probabilities out as the predictions (long layout). The local engine calls them shard after shard in one
+:func:`prepare_shard` reads one hash shard of an input planned once (:class:`~behrt_rope.etl.readers.
+ShardSource`) with the model's own ETL settings and vocabulary; :func:`predictions_table` lays the
+probabilities out as the predictions (long layout). The local engine calls them shard after shard in one
 process, the Ray engine in a pool of actors; both produce the same rows.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,10 +18,8 @@ import pyarrow as pa
 
 from behrt_rope import schema as S
 from behrt_rope.data.sequences import Sequences, from_table
-from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.io import TABLE_SUFFIXES
-from behrt_rope.etl.raw import RawTables
-from behrt_rope.etl.readers import FormatReader, format_reader, source
+from behrt_rope.etl.readers import ShardSource
 from behrt_rope.etl.runner import process_shard
 from behrt_rope.etl.tokenize import to_token_table
 
@@ -63,31 +60,6 @@ def n_shards(input_dir: Path, shards: int, shard_rows: int) -> int:
     if shards > 0:
         return shards
     return max(1, -(-estimate_rows(input_dir) // shard_rows))
-
-
-@dataclass
-class ShardSource:
-    """An input directory planned once, then read shard by shard: the plan (files, columns, schema checks),
-    the reference tables (MEDS metadata, OMOP concepts) and the per-batch findings are the same for every
-    shard, so a run with many shards reads them once instead of once per shard."""
-
-    etl: EtlConfig
-    reader: FormatReader
-    plan: source.Plan
-    lookups: Any
-    facts: source.BatchFacts
-
-    @classmethod
-    def open(cls, input_dir: Path, etl: EtlConfig) -> ShardSource:
-        """Plan ``input_dir`` in ``etl.format``; raises ``InputSchemaError`` before any row is read."""
-        reader = format_reader(etl.format)
-        plan = reader.plan(input_dir, etl)
-        return cls(etl, reader, plan, reader.lookups(plan, etl), reader.facts(plan, etl))
-
-    def read(self, shard: int, shards: int) -> RawTables:
-        """Canonical tables of patient shard ``shard`` of ``shards`` (the rows of every file are streamed)."""
-        data = source.gather(self.plan, self.reader.id_text, self.facts, shard, shards, self.lookups)
-        return self.reader.build(data, self.etl)
 
 
 def prepare_shard(src: ShardSource, vocab: pd.DataFrame, shard: int, shards: int) -> Prepared:

@@ -7,6 +7,7 @@ made of, so that another engine can do the reading (:class:`FormatReader`, :mod:
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -15,6 +16,7 @@ import pyarrow as pa
 
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.raw import RawTables
+from behrt_rope.etl.readers import source
 from behrt_rope.etl.readers.source import BatchFacts, Plan, ShardInput
 
 
@@ -49,3 +51,28 @@ class FormatReader(Protocol):
 def format_reader(fmt: str) -> FormatReader:
     """The reader module of format ``fmt`` (visits, meds or omop)."""
     return cast(FormatReader, importlib.import_module(f"behrt_rope.etl.readers.{fmt}"))
+
+
+@dataclass
+class ShardSource:
+    """An input directory planned once, then read shard by shard by the local engine: the plan (files,
+    columns, schema checks), the reference tables (MEDS metadata, OMOP concepts) and the per-batch findings
+    are the same for every shard, so they are taken once however many shards are read."""
+
+    etl: EtlConfig
+    reader: FormatReader
+    plan: Plan
+    lookups: Any
+    facts: BatchFacts
+
+    @classmethod
+    def open(cls, input_dir: Path, etl: EtlConfig) -> ShardSource:
+        """Plan ``input_dir`` in ``etl.format``; raises ``InputSchemaError`` before any row is read."""
+        reader = format_reader(etl.format)
+        plan = reader.plan(input_dir, etl)
+        return cls(etl, reader, plan, reader.lookups(plan, etl), reader.facts(plan, etl))
+
+    def read(self, shard: int, shards: int) -> RawTables:
+        """Canonical tables of patient shard ``shard`` of ``shards`` (the rows of every file are streamed)."""
+        data = source.gather(self.plan, self.reader.id_text, self.facts, shard, shards, self.lookups)
+        return self.reader.build(data, self.etl)
