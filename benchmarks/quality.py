@@ -56,6 +56,15 @@ COHORTS: dict[str, list[str]] = {
         "synth.visit_rate=1.1",
         "synth.followup_probability=0.6",
     ],
+    "recurrence": ["--seed", "3031", "synth.process=recurrence"],
+    "recurrence_sparse": [
+        "--seed",
+        "3032",
+        "synth.process=recurrence",
+        "synth.start=2015-01-01",
+        "synth.visit_rate=0.35",
+        "synth.noise_codes_per_visit=1.2",
+    ],
 }
 PREDICTORS = ("model", "logistic_regression", "gradient_boosting", "oracle")
 

@@ -66,6 +66,10 @@ class SynthConfig:
     """Most visits simulated per patient; a history reaching it simply stops there."""
     corrupt_fraction: float = 0.0
     """Extra deliberately bad event rows, as a share of the clean events, to exercise the ETL quarantine."""
+    process: Literal["clinical", "recurrence"] = "clinical"
+    """clinical: the disease story of README.md (hidden onsets, progression chains, pregnancy, death);
+    recurrence: codes that recur, persist and trigger each other as a logistic function of the recorded
+    history, with a catalogue drawn afresh from each seed (``synthetic_data/recurrence.py``)."""
 
     def __post_init__(self) -> None:
         if self.patients < 1:
@@ -79,6 +83,8 @@ class SynthConfig:
             raise ValueError(f"corrupt_fraction must lie in [0, 1], got {self.corrupt_fraction}")
         if self.visit_rate <= 0 or self.max_age <= 0 or self.max_visits < 1:
             raise ValueError("visit_rate and max_age must be > 0 and max_visits >= 1")
+        if self.process not in ("clinical", "recurrence"):
+            raise ValueError(f"process must be clinical or recurrence, got {self.process!r}")
         if not 0.0 <= self.followup_probability <= 1.0 or self.noise_codes_per_visit < 0:
             raise ValueError("followup_probability must lie in [0, 1] and noise_codes_per_visit be >= 0")
 
@@ -406,10 +412,15 @@ def generate(cfg: SynthConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
     patient, date and code, except ``cfg.corrupt_fraction`` extra bad rows scattered among them.
     """
     rng = np.random.default_rng(cfg.seed)
-    sim = _Simulation(cfg, rng, _Catalogue())
-    sim.burn_in()
-    sim.run_visits()
-    patients, events = sim.tables()
+    if cfg.process == "recurrence":
+        from synthetic_data.recurrence import generate_recurrence
+
+        patients, events = generate_recurrence(cfg)
+    else:
+        sim = _Simulation(cfg, rng, _Catalogue())
+        sim.burn_in()
+        sim.run_visits()
+        patients, events = sim.tables()
     if cfg.corrupt_fraction > 0:
         patients, events = corrupt(rng, patients, events, cfg.corrupt_fraction)
     return patients, events
@@ -657,29 +668,41 @@ class _Simulation:
     # --- output -------------------------------------------------------------------------------------------
     def tables(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The simulated state as the visits-format tables."""
-        ids = pa.array(patient_ids(self.cfg.patients), pa.string())
-        death = _iso(self.death, mask=self.death < 0)
-        sex = pa.array(np.where(self.female, FEMALE, MALE).astype(object), pa.string())
-        patients = pd.DataFrame(
-            {PATIENT_ID: _text(ids), BIRTH_DATE: _text(_iso(self.birth)), SEX: _text(sex), DEATH_DATE: _text(death)}
-        )
-        patient, visit, day, code = self.log.columns()
-        order = np.lexsort((code, visit, patient))
-        patient, visit, day, code = patient[order], visit[order], day[order], code[order]
-        repeat = np.r_[False, (patient[1:] == patient[:-1]) & (visit[1:] == visit[:-1]) & (code[1:] == code[:-1])]
-        patient, visit, day, code = patient[~repeat], visit[~repeat], day[~repeat], code[~repeat]
-        new_visit = np.r_[True, (patient[1:] != patient[:-1]) | (visit[1:] != visit[:-1])]
-        visit_number = np.cumsum(new_visit) - 1
-        visits = pa.array(visit_ids(int(new_visit.sum())), pa.string())
-        events = pd.DataFrame(
-            {
-                PATIENT_ID: _text(pc.take(ids, patient)),
-                DATE: _text(_iso(day)),
-                CODE: _text(pc.take(pa.array(self.cat.codes.astype(object), pa.string()), code)),
-                VISIT_ID: _text(pc.take(visits, visit_number)),
-            }
-        )
-        return patients, events
+        return history_tables(self.cfg, self.birth, self.female, self.death, self.log, self.cat.codes)
+
+
+def history_tables(
+    cfg: SynthConfig, birth: np.ndarray, female: np.ndarray, death: np.ndarray, log: _EventLog, codes: np.ndarray
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The visits-format tables of a simulation: per patient ``birth`` and ``death`` days (-1: alive) and
+    ``female``; the logged events, whose code indices point into ``codes``."""
+    ids = pa.array(patient_ids(cfg.patients), pa.string())
+    sex = pa.array(np.where(female, FEMALE, MALE).astype(object), pa.string())
+    patients = pd.DataFrame(
+        {
+            PATIENT_ID: _text(ids),
+            BIRTH_DATE: _text(_iso(birth)),
+            SEX: _text(sex),
+            DEATH_DATE: _text(_iso(death, mask=death < 0)),
+        }
+    )
+    patient, visit, day, code = log.columns()
+    order = np.lexsort((code, visit, patient))
+    patient, visit, day, code = patient[order], visit[order], day[order], code[order]
+    repeat = np.r_[False, (patient[1:] == patient[:-1]) & (visit[1:] == visit[:-1]) & (code[1:] == code[:-1])]
+    patient, visit, day, code = patient[~repeat], visit[~repeat], day[~repeat], code[~repeat]
+    new_visit = np.r_[True, (patient[1:] != patient[:-1]) | (visit[1:] != visit[:-1])]
+    visit_number = np.cumsum(new_visit) - 1
+    visits = pa.array(visit_ids(int(new_visit.sum())), pa.string())
+    events = pd.DataFrame(
+        {
+            PATIENT_ID: _text(pc.take(ids, patient)),
+            DATE: _text(_iso(day)),
+            CODE: _text(pc.take(pa.array(codes.astype(object), pa.string()), code)),
+            VISIT_ID: _text(pc.take(visits, visit_number)),
+        }
+    )
+    return patients, events
 
 
 # -------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The generator's oracle: true next-visit code probabilities at one cut visit per patient."""
+"""The generator's oracle: true next-visit code probabilities at one cut visit per patient, for both processes
+(clinical: Monte Carlo over the hidden state; recurrence: exact)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ import pytest
 from behrt_rope.schema import CODE, DATE, PATIENT_ID, PREDICTION_TIME, PROBABILITY
 from synthetic_data.generator import SynthConfig, catalogue_codes, generate
 from synthetic_data.oracle import cut_times, oracle_table
+from synthetic_data.recurrence import ROUTINE, draw_catalogue
 
 
-@pytest.fixture(scope="module")
-def cohort():
-    cfg = SynthConfig(patients=1500, seed=11)
+@pytest.fixture(scope="module", params=["clinical", "recurrence"])
+def cohort(request):
+    cfg = SynthConfig(patients=1500, seed=11, process=request.param)
     return cfg, oracle_table(cfg, replicas=100), generate(cfg)
+
+
+def _codes(cfg: SynthConfig) -> set[str]:
+    return set(catalogue_codes()) if cfg.process == "clinical" else set(draw_catalogue(cfg).codes)
 
 
 def _next_visit_codes(oracle: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
@@ -33,7 +39,7 @@ def test_oracle_probabilities_are_valid_and_reproducible(cohort):
     cfg, oracle, _ = cohort
     assert list(oracle.columns) == [PATIENT_ID, PREDICTION_TIME, CODE, PROBABILITY]
     assert oracle[PROBABILITY].between(0.0, 1.0).all() and (oracle[PROBABILITY] > 0).all()
-    assert set(oracle[CODE]) <= set(catalogue_codes())
+    assert set(oracle[CODE]) <= _codes(cfg)
     assert not oracle.duplicated([PATIENT_ID, PREDICTION_TIME, CODE]).any()
     assert oracle.groupby(PATIENT_ID)[PREDICTION_TIME].nunique().max() == 1, "one cut per patient"
     pd.testing.assert_frame_equal(oracle, oracle_table(cfg, replicas=100))
@@ -65,3 +71,26 @@ def test_oracle_agrees_with_empirical_next_visit_frequencies(cohort):
     truth = _next_visit_codes(oracle, events).assign(hit=1)
     pairs = oracle.merge(truth, on=[PATIENT_ID, CODE], how="left").fillna({"hit": 0})
     assert pairs.loc[pairs["hit"] == 1, PROBABILITY].mean() > 3 * pairs.loc[pairs["hit"] == 0, PROBABILITY].mean()
+
+
+def test_recurrence_oracle_is_exact_on_a_large_sample():
+    """With the exact oracle, observed next-visit counts per code match the summed probabilities to within
+    binomial noise on 20,000 cuts (a Monte Carlo oracle would add its own error)."""
+    cfg = SynthConfig(patients=20_000, seed=5, process="recurrence")
+    oracle, (_, events) = oracle_table(cfg), generate(cfg)
+    observed = _next_visit_codes(oracle, events).groupby(CODE).size()
+    table = pd.concat([observed.rename("observed"), oracle.groupby(CODE)[PROBABILITY].sum().rename("expected")], axis=1)
+    table = table.fillna(0.0)
+    table = table[table["expected"] >= 20]
+    z = (table["observed"] - table["expected"]) / np.sqrt(table["expected"])
+    assert len(table) >= 40 and np.abs(z).max() < 4.5, table.assign(z=z).sort_values("z")
+    assert abs(z.mean()) < 0.5
+    routine = oracle[oracle[CODE] == ROUTINE]
+    assert len(routine) == oracle[PATIENT_ID].nunique(), "the routine code is possible at every next visit"
+
+
+def test_recurrence_catalogue_is_drawn_per_seed():
+    one = draw_catalogue(SynthConfig(seed=1, process="recurrence"))
+    two = draw_catalogue(SynthConfig(seed=2, process="recurrence"))
+    assert len(set(one.codes) & set(two.codes)) < len(one.codes) / 2
+    assert not np.allclose(one.base[: len(two.base)], two.base)
