@@ -72,9 +72,12 @@ class ModelConfig:
     linear map of age / 10 and log(1 + age), in years) that the classifier reads beside Time2Vec(age), so that
     each label can have its own sharp age profile (childhood infections, pregnancy, old-age fractures); 0: off."""
     wide: bool = False
-    """Fine-tuning head (visit pooling): add the wide linear path over log(1 + count) of each code seen.
-    Off by default: with history max pooling and token-level label attention the encoder alone did better
-    on the tuning split than with the wide path (docs/benchmarks.md, "Settings study")."""
+    """Fine-tuning head (visit pooling): add the wide linear path over each code's record so far
+    (``wide.py``): with ``wide_time``, its count, recency in visits and days at learned scales, and years
+    since first recorded; else log(1 + count) alone."""
+    wide_time: bool = True
+    """The wide path's features: true, the time-aware record of each code (8 per code); false, the bag of
+    codes log(1 + count) (the wide path before it learned time)."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -91,5 +94,13 @@ class ModelConfig:
             raise ValueError("dropout and attention_dropout must lie in [0, 1)")
 
 
-HEAD_FIELDS = ("label_attention_heads", "label_attention_keys", "history_max", "label_own_code", "age_basis", "wide")
+HEAD_FIELDS = (
+    "label_attention_heads",
+    "label_attention_keys",
+    "history_max",
+    "label_own_code",
+    "age_basis",
+    "wide",
+    "wide_time",
+)
 """ModelConfig fields of the fine-tuning head; the encoder's other fields come with a pre-trained encoder."""

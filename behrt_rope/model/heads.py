@@ -13,7 +13,8 @@ from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.encoder import BehrtEncoder, init_weights, positions_for
 from behrt_rope.model.label_attention import LabelAttention
 from behrt_rope.model.token_label_attention import TokenLabelAttention
-from behrt_rope.schema import N_SPECIAL, PAD_ID, SEP_ID
+from behrt_rope.model.wide import WidePath
+from behrt_rope.schema import PAD_ID, SEP_ID
 
 IGNORE_INDEX = -100
 """Label of the tokens that the MLM loss skips (PyTorch's ``cross_entropy`` default)."""
@@ -78,26 +79,6 @@ class BehrtForMaskedLM(nn.Module):
         return MaskedLMOutput(loss=loss, logits=logits, labels=targets)
 
 
-def history_code_counts(token_ids: torch.Tensor, score_at: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``(N, V)`` counts of each code id among the tokens up to each scored position (row-major order).
-
-    The stream is ordered by visit, so "up to and including the [SEP] of visit k" is a prefix of the row.
-    Special tokens are not counted. Cost O(N T) time and O(N V) memory.
-
-    >>> history_code_counts(torch.tensor([[1, 5, 5, 2, 6, 2]]), torch.tensor([[0, 0, 0, 1, 0, 1]]) > 0, 8)
-    tensor([[0., 0., 0., 0., 0., 2., 0., 0.],
-            [0., 0., 0., 0., 0., 2., 1., 0.]])
-    """
-    rows, positions = score_at.nonzero(as_tuple=True)  # (N,), (N,)
-    tokens = token_ids[rows]  # (N, T)
-    T = token_ids.shape[1]
-    in_history = (torch.arange(T, device=token_ids.device)[None, :] <= positions[:, None]) & (tokens >= N_SPECIAL)
-    sample, position = in_history.nonzero(as_tuple=True)  # one entry per counted token
-    counts = torch.zeros(len(rows), vocab_size, device=token_ids.device)
-    ones = torch.ones(len(sample), device=token_ids.device)
-    return counts.index_put_((sample, tokens[sample, position]), ones, accumulate=True)
-
-
 class BehrtForMultiLabel(nn.Module):
     """Encoder + pooling + dropout + linear: one logit per label (e.g. diagnoses in the next visit).
 
@@ -110,9 +91,9 @@ class BehrtForMultiLabel(nn.Module):
       Time2Vec features of the age at that visit and a learned basis of that age. A label-wise attention over
       the history (``config.label_attention_heads``, see ``token_label_attention.py``) adds one more logit per
       label, from the codes that label's query picks out, weighed by how many visits and days ago they were
-      recorded. An optional *wide* linear path (Cheng et al., 2016, "Wide & Deep"; ``config.wide``, off by
-      default) adds a logit from log(1 + count) of every code seen so far: what a bag-of-codes regression
-      sees, from step one.
+      recorded. The *wide* linear path (Cheng et al., 2016, "Wide & Deep"; ``config.wide``, see ``wide.py``)
+      adds a logit from how often, how recently and for how long every code has been recorded (with
+      ``config.wide_time=false``: from log(1 + count) alone, a bag of codes).
       With ``config.label_own_code``, pass ``label_token_ids`` ``(L,)``: the token id of each label's code
       (a trained model's state dict carries them).
     * ``"cls"``: the ``[CLS]`` state (position 0) of a bidirectional pass over the input (one prediction
@@ -146,9 +127,7 @@ class BehrtForMultiLabel(nn.Module):
         )
         self.classifier = nn.Linear(pooled_size, num_labels)
         self.classifier.apply(init_weights)
-        self.wide = nn.Linear(config.vocab_size, num_labels, bias=False) if visit and config.wide else None
-        if self.wide is not None:
-            nn.init.zeros_(self.wide.weight)
+        self.wide = WidePath(config.vocab_size, num_labels, config.wide_time) if visit and config.wide else None
         use_label_attention = visit and config.label_attention_heads > 0
         self.label_attention: LabelAttention | TokenLabelAttention | None = None
         if use_label_attention and config.label_attention_keys == "token":
@@ -243,8 +222,7 @@ class BehrtForMultiLabel(nn.Module):
             visit_end = token_ids == SEP_ID  # (B, T)
             logits = logits + self.label_attention(self.drop(hidden), visit_end, positions, ages, score_at)
         if self.wide is not None:
-            counts = history_code_counts(token_ids, score_at, self.config.vocab_size)  # (N, V)
-            logits = logits + self.wide(torch.log1p(counts).to(logits.dtype))  # (N, L)
+            logits = logits + self.wide(token_ids, visit_index, ages, score_at).to(logits.dtype)  # (N, L)
         return logits
 
 

@@ -33,6 +33,7 @@ ADDED_LATER: dict[str, Any] = {
     "label_attention_keys": "visit",
     "age_basis": 0,
     "label_own_code": False,
+    "wide_time": False,
 }
 """ModelConfig fields added after format version 1, with the value that a ``model.json`` written before them
 means: the model as it was then (their current defaults would describe a different set of weights)."""

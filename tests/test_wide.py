@@ -1,0 +1,76 @@
+"""The wide path: per-code record features (count, recency in visits and days, years since first)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from behrt_rope.model.config import ModelConfig
+from behrt_rope.model.heads import BehrtForMultiLabel
+from behrt_rope.model.wide import DAY_SCALES, VISIT_SCALES, WidePath
+from behrt_rope.schema import CLS_ID, N_SPECIAL, PAD_ID, SEP_ID
+
+A, B = N_SPECIAL, N_SPECIAL + 1
+V = N_SPECIAL + 3
+
+
+def _stream():
+    """One patient: visit 0 (age 50.0) records A and B, visit 1 (age 50.5) records A, visit 2 (age 52) B."""
+    ids = torch.tensor([[CLS_ID, A, B, SEP_ID, A, SEP_ID, B, SEP_ID, PAD_ID]])
+    visit = torch.tensor([[0, 0, 0, 0, 1, 1, 2, 2, 0]])
+    ages = torch.tensor([[50.0, 50.0, 50.0, 50.0, 50.5, 50.5, 52.0, 52.0, 0.0]])
+    score_at = ids == SEP_ID
+    return ids, visit, ages, score_at
+
+
+def test_features_count_recency_and_duration_of_each_code():
+    ids, visit, ages, score_at = _stream()
+    f = WidePath(V, num_labels=2).features(ids, visit, ages, score_at)  # (3 scored visits, V, 8)
+    assert f.shape == (3, V, 8)
+    a, b = f[:, A], f[:, B]
+    # counts
+    assert a[:, 0].tolist() == pytest.approx([math.log(2), math.log(3), math.log(3)])
+    assert b[:, 0].tolist() == pytest.approx([math.log(2), math.log(2), math.log(3)])
+    # at visit 2: A was recorded 1 and 2 visits ago, 1.5 and 2 years ago; B now and 2 visits ago
+    s = VISIT_SCALES[0]
+    assert a[2, 1].item() == pytest.approx(math.exp(-1 / s) + math.exp(-2 / s), rel=1e-5)
+    assert b[2, 1].item() == pytest.approx(1 + math.exp(-2 / s), rel=1e-5)
+    d = DAY_SCALES[1]
+    assert a[2, 5].item() == pytest.approx(math.exp(-1.5 * 365.25 / d) + math.exp(-2 * 365.25 / d), rel=1e-4)
+    # years since first recorded
+    assert a[:, 7].tolist() == pytest.approx([0.0, math.log1p(0.5), math.log1p(2.0)], rel=1e-5)
+    # codes never recorded, and special tokens, have all-zero features
+    assert f[:, N_SPECIAL + 2].abs().sum() == 0 and f[:, :N_SPECIAL].abs().sum() == 0
+
+
+def test_features_see_only_the_history_of_the_scored_visit():
+    ids, visit, ages, score_at = _stream()
+    wide = WidePath(V, num_labels=2)
+    before = wide.features(ids, visit, ages, score_at)[:2]
+    later = ids.clone()
+    later[0, 6] = A  # change the last visit's code
+    after = wide.features(later, visit, ages, score_at)[:2]
+    torch.testing.assert_close(before, after)
+
+
+def test_scales_and_weights_learn():
+    ids, visit, ages, score_at = _stream()
+    wide = WidePath(V, num_labels=2)
+    wide.weight.data.normal_()
+    wide(ids, visit, ages, score_at).sum().backward()
+    assert wide.log_visit_scale is not None and wide.log_day_scale is not None
+    assert wide.log_visit_scale.grad is not None and wide.log_visit_scale.grad.abs().sum() > 0
+    assert wide.log_day_scale.grad is not None and wide.log_day_scale.grad.abs().sum() > 0
+
+
+def test_plain_form_keeps_the_bag_of_codes_weight_shape():
+    """A model saved before the time-aware features (weight (L, V)) loads into the plain form."""
+    plain = BehrtForMultiLabel(ModelConfig(vocab_size=V, hidden_size=16, num_heads=2, wide=True, wide_time=False), 3)
+    assert plain.state_dict()["wide.weight"].shape == (3, V)
+    ids, visit, ages, score_at = _stream()
+    counts = plain.wide.features(ids, visit, ages, score_at)  # type: ignore[union-attr]
+    assert counts[:, A, 0].tolist() == pytest.approx([math.log(2), math.log(3), math.log(3)])
+    timed = BehrtForMultiLabel(ModelConfig(vocab_size=V, hidden_size=16, num_heads=2, wide=True), 3)
+    assert timed.state_dict()["wide.weight"].shape == (3, V * 8)
