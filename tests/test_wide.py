@@ -9,7 +9,7 @@ import torch
 
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.heads import BehrtForMultiLabel
-from behrt_rope.model.wide import DAY_SCALES, VISIT_SCALES, WidePath
+from behrt_rope.model.wide import DAY_SCALES, VISIT_SCALES, WidePath, _history_pairs
 from behrt_rope.schema import CLS_ID, N_SPECIAL, PAD_ID, SEP_ID
 
 A, B = N_SPECIAL, N_SPECIAL + 1
@@ -25,12 +25,19 @@ def _stream():
     return ids, visit, ages, score_at
 
 
-def test_features_count_recency_and_duration_of_each_code():
+def _wide(**kw):
+    return WidePath(V, num_labels=2, label_token_ids=[A, B], **kw)
+
+
+def _own(wide, ids, visit, ages, score_at):
+    return wide.own_code_features(_history_pairs(ids, score_at), visit, ages)
+
+
+def test_own_code_features_count_recency_and_duration():
     ids, visit, ages, score_at = _stream()
-    f = WidePath(V, num_labels=2).features(ids, visit, ages, score_at)  # (3 scored visits, V, 8)
-    assert f.shape == (3, V, 8)
-    a, b = f[:, A], f[:, B]
-    # counts
+    f = _own(_wide(), ids, visit, ages, score_at)  # (3 scored visits, 2 labels, 8)
+    assert f.shape == (3, 2, 8)
+    a, b = f[:, 0], f[:, 1]
     assert a[:, 0].tolist() == pytest.approx([math.log(2), math.log(3), math.log(3)])
     assert b[:, 0].tolist() == pytest.approx([math.log(2), math.log(2), math.log(3)])
     # at visit 2: A was recorded 1 and 2 visits ago, 1.5 and 2 years ago; B now and 2 visits ago
@@ -39,38 +46,46 @@ def test_features_count_recency_and_duration_of_each_code():
     assert b[2, 1].item() == pytest.approx(1 + math.exp(-2 / s), rel=1e-5)
     d = DAY_SCALES[1]
     assert a[2, 5].item() == pytest.approx(math.exp(-1.5 * 365.25 / d) + math.exp(-2 * 365.25 / d), rel=1e-4)
-    # years since first recorded
     assert a[:, 7].tolist() == pytest.approx([0.0, math.log1p(0.5), math.log1p(2.0)], rel=1e-5)
-    # codes never recorded, and special tokens, have all-zero features
-    assert f[:, N_SPECIAL + 2].abs().sum() == 0 and f[:, :N_SPECIAL].abs().sum() == 0
+
+
+def test_a_label_whose_code_is_unknown_gets_no_own_features():
+    ids, visit, ages, score_at = _stream()
+    wide = WidePath(V, num_labels=2, label_token_ids=[A, -1])
+    f = _own(wide, ids, visit, ages, score_at)
+    assert f[:, 1].abs().sum() == 0 and f[:, 0].abs().sum() > 0
 
 
 def test_features_see_only_the_history_of_the_scored_visit():
     ids, visit, ages, score_at = _stream()
-    wide = WidePath(V, num_labels=2)
-    before = wide.features(ids, visit, ages, score_at)[:2]
+    wide = _wide()
+    wide.weight.data.normal_()
+    assert wide.own_weight is not None
+    wide.own_weight.data.normal_()
+    before = wide(ids, visit, ages, score_at)[:2]
     later = ids.clone()
     later[0, 6] = A  # change the last visit's code
-    after = wide.features(later, visit, ages, score_at)[:2]
-    torch.testing.assert_close(before, after)
+    torch.testing.assert_close(before, wide(later, visit, ages, score_at)[:2])
+    assert not torch.allclose(wide(ids, visit, ages, score_at)[2], wide(later, visit, ages, score_at)[2])
 
 
 def test_scales_and_weights_learn():
     ids, visit, ages, score_at = _stream()
-    wide = WidePath(V, num_labels=2)
-    wide.weight.data.normal_()
+    wide = _wide()
+    assert wide.own_weight is not None and wide.log_visit_scale is not None and wide.log_day_scale is not None
+    wide.own_weight.data.normal_()
     wide(ids, visit, ages, score_at).sum().backward()
-    assert wide.log_visit_scale is not None and wide.log_day_scale is not None
     assert wide.log_visit_scale.grad is not None and wide.log_visit_scale.grad.abs().sum() > 0
     assert wide.log_day_scale.grad is not None and wide.log_day_scale.grad.abs().sum() > 0
+    assert wide.weight.grad is not None and wide.weight.grad[:, A].abs().sum() > 0
 
 
-def test_plain_form_keeps_the_bag_of_codes_weight_shape():
-    """A model saved before the time-aware features (weight (L, V)) loads into the plain form."""
-    plain = BehrtForMultiLabel(ModelConfig(vocab_size=V, hidden_size=16, num_heads=2, wide=True, wide_time=False), 3)
+def test_plain_form_keeps_the_bag_of_codes_state_dict():
+    """A model saved before the time-aware features (weight (L, V), no label ids) loads into the plain form."""
+    config = ModelConfig(vocab_size=V, hidden_size=16, num_heads=2, wide=True, wide_time=False)
+    plain = BehrtForMultiLabel(config, 3)
+    assert {k for k in plain.state_dict() if k.startswith("wide.")} == {"wide.weight"}
     assert plain.state_dict()["wide.weight"].shape == (3, V)
-    ids, visit, ages, score_at = _stream()
-    counts = plain.wide.features(ids, visit, ages, score_at)  # type: ignore[union-attr]
-    assert counts[:, A, 0].tolist() == pytest.approx([math.log(2), math.log(3), math.log(3)])
-    timed = BehrtForMultiLabel(ModelConfig(vocab_size=V, hidden_size=16, num_heads=2, wide=True), 3)
-    assert timed.state_dict()["wide.weight"].shape == (3, V * 8)
+    timed = BehrtForMultiLabel(ModelConfig(vocab_size=V, hidden_size=16, num_heads=2, wide=True), 3, "visit", [A, B, 4])
+    assert timed.state_dict()["wide.own_weight"].shape == (3, 8)
+    assert timed.state_dict()["wide.label_token_ids"].tolist() == [A, B, 4]

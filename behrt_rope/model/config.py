@@ -72,12 +72,11 @@ class ModelConfig:
     linear map of age / 10 and log(1 + age), in years) that the classifier reads beside Time2Vec(age), so that
     each label can have its own sharp age profile (childhood infections, pregnancy, old-age fractures); 0: off."""
     wide: bool = False
-    """Fine-tuning head (visit pooling): add the wide linear path over each code's record so far
-    (``wide.py``): with ``wide_time``, its count, recency in visits and days at learned scales, and years
-    since first recorded; else log(1 + count) alone."""
+    """Fine-tuning head (visit pooling): add the wide linear path (``wide.py``) over log(1 + count) of each
+    code seen and, with ``wide_time``, the time course of each label's own code."""
     wide_time: bool = True
-    """The wide path's features: true, the time-aware record of each code (8 per code); false, the bag of
-    codes log(1 + count) (the wide path before it learned time)."""
+    """The wide path also reads each label's own code's count, recency in visits and in days at learned
+    scales, and years since first recorded (8 weights per label); false: the bag of codes alone."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:

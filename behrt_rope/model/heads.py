@@ -92,10 +92,10 @@ class BehrtForMultiLabel(nn.Module):
       the history (``config.label_attention_heads``, see ``token_label_attention.py``) adds one more logit per
       label, from the codes that label's query picks out, weighed by how many visits and days ago they were
       recorded. The *wide* linear path (Cheng et al., 2016, "Wide & Deep"; ``config.wide``, see ``wide.py``)
-      adds a logit from how often, how recently and for how long every code has been recorded (with
-      ``config.wide_time=false``: from log(1 + count) alone, a bag of codes).
-      With ``config.label_own_code``, pass ``label_token_ids`` ``(L,)``: the token id of each label's code
-      (a trained model's state dict carries them).
+      adds a logit from log(1 + count) of every code seen so far and, with ``config.wide_time``, from how
+      often, how recently and for how long each label's own code has been recorded.
+      With ``config.label_own_code`` or ``config.wide_time``, pass ``label_token_ids`` ``(L,)``: the token id
+      of each label's code (a trained model's state dict carries them).
     * ``"cls"``: the ``[CLS]`` state (position 0) of a bidirectional pass over the input (one prediction
       time per sequence, the input cut at it), as BEHRT did.
     * ``"mean"``: the mean of the real tokens' states of a bidirectional pass.
@@ -127,7 +127,9 @@ class BehrtForMultiLabel(nn.Module):
         )
         self.classifier = nn.Linear(pooled_size, num_labels)
         self.classifier.apply(init_weights)
-        self.wide = WidePath(config.vocab_size, num_labels, config.wide_time) if visit and config.wide else None
+        self.wide = None
+        if visit and config.wide:
+            self.wide = WidePath(config.vocab_size, num_labels, config.wide_time, label_token_ids)
         use_label_attention = visit and config.label_attention_heads > 0
         self.label_attention: LabelAttention | TokenLabelAttention | None = None
         if use_label_attention and config.label_attention_keys == "token":
