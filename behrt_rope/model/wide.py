@@ -80,8 +80,9 @@ class WidePath(nn.Module):
         """``(B, T)`` ids, visit numbers, ages in years and the scored [SEP] mask -> ``(N, L)`` float32 logits
         (rows in row-major order of ``score_at``)."""
         pairs = _history_pairs(token_ids, score_at)
+        ones = torch.ones(len(pairs.code), device=token_ids.device)
         counts = torch.zeros(pairs.n * self.vocab_size, device=token_ids.device)
-        counts = counts.index_add(0, pairs.sample * self.vocab_size + pairs.code, torch.ones_like(pairs.days(ages)))
+        counts = counts.index_add(0, pairs.sample * self.vocab_size + pairs.code, ones)  # (N V,)
         logits = torch.log1p(counts).view(pairs.n, self.vocab_size) @ self.weight.float().T  # (N, L)
         if self.own_weight is None:
             return logits
