@@ -35,6 +35,8 @@ Shapes: ``B`` patients, ``T`` tokens, ``V`` visits, ``N`` scored positions, ``L`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -48,6 +50,17 @@ ELAPSED_SIZE = 16
 """Width of the learned features of the time elapsed since a token was recorded."""
 CHUNK_SCORES = 4_000_000
 """Most ``N x nh x L x T`` scores computed at once; larger batches are split over scored positions."""
+
+
+def label_id_tensor(num_labels: int, label_token_ids: Sequence[int] | torch.Tensor | None) -> torch.Tensor:
+    """``(L,)`` long: the token id of each label's code, all -1 (matches no token) when not given yet (training
+    sets them, a loaded state dict brings them)."""
+    if label_token_ids is None:
+        return torch.full((num_labels,), -1, dtype=torch.long)
+    ids = torch.as_tensor(label_token_ids, dtype=torch.long).clone()
+    if ids.shape != (num_labels,):
+        raise ValueError(f"label_token_ids must hold {num_labels} ids, got shape {tuple(ids.shape)}")
+    return ids
 
 
 class TokenLabelAttention(nn.Module):
@@ -73,13 +86,7 @@ class TokenLabelAttention(nn.Module):
         # -1 (matches no token) until training sets them or a state dict is loaded.
         self.own_score = nn.Parameter(torch.zeros(nh, num_labels)) if config.label_own_code else None
         self.own_vote = nn.Parameter(torch.zeros(nh, num_labels)) if config.label_own_code else None
-        ids = None
-        if config.label_own_code:
-            ids = torch.full((num_labels,), -1, dtype=torch.long)
-            if label_token_ids is not None:
-                ids = torch.as_tensor(label_token_ids, dtype=torch.long).clone()
-                if ids.shape != (num_labels,):
-                    raise ValueError(f"label_token_ids must hold {num_labels} ids, got shape {tuple(ids.shape)}")
+        ids = label_id_tensor(num_labels, label_token_ids) if config.label_own_code else None
         self.register_buffer("label_token_ids", ids)
         nn.init.normal_(self.key.weight, std=INIT_STD)
         nn.init.zeros_(self.key.bias)

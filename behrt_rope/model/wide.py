@@ -32,6 +32,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from behrt_rope.model.token_label_attention import label_id_tensor
 from behrt_rope.schema import N_SPECIAL
 
 DAYS_PER_YEAR = 365.25
@@ -64,12 +65,7 @@ class WidePath(nn.Module):
         self.log_visit_scale: nn.Parameter | None = None
         self.log_day_scale: nn.Parameter | None = None
         if time_aware:  # the label codes are part of the state dict: a trained model carries them
-            ids = torch.full((num_labels,), -1, dtype=torch.long)
-            if label_token_ids is not None:
-                ids = torch.as_tensor(label_token_ids, dtype=torch.long).clone()
-                if ids.shape != (num_labels,):
-                    raise ValueError(f"label_token_ids must hold {num_labels} ids, got shape {tuple(ids.shape)}")
-            self.register_buffer("label_token_ids", ids)
+            self.register_buffer("label_token_ids", label_id_tensor(num_labels, label_token_ids))
             self.own_weight = nn.Parameter(torch.zeros(num_labels, TIME_FEATURES))
             self.log_visit_scale = nn.Parameter(torch.tensor([math.log(s) for s in VISIT_SCALES]))
             self.log_day_scale = nn.Parameter(torch.tensor([math.log(s) for s in DAY_SCALES]))
