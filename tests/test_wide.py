@@ -89,3 +89,15 @@ def test_plain_form_keeps_the_bag_of_codes_state_dict():
     timed = BehrtForMultiLabel(ModelConfig(vocab_size=V, hidden_size=16, num_heads=2, wide=True), 3, "visit", [A, B, 4])
     assert timed.state_dict()["wide.own_weight"].shape == (3, 8)
     assert timed.state_dict()["wide.label_token_ids"].tolist() == [A, B, 4]
+
+
+def test_wide_weights_decay_like_linear_weights_and_scales_do_not():
+    from behrt_rope.training.optim import parameter_groups
+
+    model = BehrtForMultiLabel(ModelConfig(vocab_size=V, hidden_size=16, num_heads=2, wide=True), 3, "visit", [A, B, 4])
+    groups = parameter_groups(model, weight_decay=0.1, lr=1.0, lr_scales={"wide": 10.0})
+    decay_of = {id(p): (g["weight_decay"], g["lr"]) for g in groups for p in g["params"]}
+    wide = model.wide
+    assert wide is not None and wide.own_weight is not None and wide.log_day_scale is not None
+    assert decay_of[id(wide.weight)] == (0.1, 10.0) and decay_of[id(wide.own_weight)] == (0.1, 10.0)
+    assert decay_of[id(wide.log_day_scale)] == (0.0, 10.0)

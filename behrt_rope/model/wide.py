@@ -47,6 +47,8 @@ TIME_FEATURES = 2 + len(VISIT_SCALES) + len(DAY_SCALES)
 class WidePath(nn.Module):
     """Per-code counts and each label's own-code time course at each scored position -> ``(N, L)`` logits."""
 
+    DECAYED = ("weight", "own_weight")
+    """Weight matrices that AdamW decays like a linear layer's (``training.optim.parameter_groups``)."""
     label_token_ids: torch.Tensor  # (L,) long buffer with time_aware: the token id of each label's code (-1: none)
 
     def __init__(

@@ -12,8 +12,9 @@ from behrt_rope.training.config import TrainerConfig
 def parameter_groups(
     model: torch.nn.Module, weight_decay: float, lr: float = 1e-3, lr_scales: dict[str, float] | None = None
 ) -> list[dict]:
-    """Decay the weight matrices of linear layers only; leave biases, LayerNorms, embedding tables (the code
-    embedding doubles as the tied MLM decoder) and Time2Vec's frequencies and phases alone.
+    """Decay the weight matrices of linear layers (and those a module lists in ``DECAYED``) only; leave
+    biases, LayerNorms, embedding tables (the code embedding doubles as the tied MLM decoder) and Time2Vec's
+    frequencies and phases alone.
 
     Chosen by module type, not by parameter name: a name test such as ``"embedding" in name`` would also
     exempt the Time2Vec projection, a linear layer that lives under ``embeddings``.
@@ -27,6 +28,10 @@ def parameter_groups(
     [[(3, 2)], [(3,), (3,), (3,)]]
     """
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    # Modules whose weight matrices are bare parameters name them in DECAYED (e.g. the wide path).
+    linear_weights |= {
+        id(p) for m in model.modules() for n in getattr(m, "DECAYED", ()) if (p := getattr(m, n)) is not None
+    }
     scale_of = {}
     for name, module in model.named_modules():
         scale = (lr_scales or {}).get(name.rsplit(".", 1)[-1])
