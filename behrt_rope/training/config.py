@@ -42,6 +42,10 @@ class TrainerConfig:
     """DataLoader worker processes."""
     bucket_size: int = 50
     """Length bucketing: sort each group of this many batches by length, then shuffle the batches."""
+    ema_decay: float = 0.0
+    """Keep an exponential moving average of the weights (decay per optimizer step, e.g. 0.998: an average
+    over the last ~500 steps); validation, the best checkpoint and the saved model use the averaged weights.
+    0: off."""
     early_stopping_patience: int = 3
     """Validation checks without improvement before stopping (0: off)."""
     seed: int = 0

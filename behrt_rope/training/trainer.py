@@ -63,6 +63,24 @@ def periodic_checkpoint(cfg: TrainerConfig, out_dir: Path) -> ModelCheckpoint | 
     )
 
 
+def weight_average(cfg: TrainerConfig) -> pl.Callback | None:
+    """Lightning's weight averaging as an exponential moving average (None when ``ema_decay`` is 0).
+
+    Buffers are not averaged: the model's only buffers are integer ids (the label codes), which an average
+    would round."""
+    if cfg.ema_decay <= 0:
+        return None
+    if not 0.0 < cfg.ema_decay < 1.0:
+        raise UserError(f"trainer.ema_decay must lie in [0, 1), got {cfg.ema_decay}")
+    try:
+        from pytorch_lightning.callbacks import WeightAveraging
+    except ImportError:  # Lightning < 2.5
+        raise UserError("trainer.ema_decay needs pytorch-lightning >= 2.5 (WeightAveraging)") from None
+    from torch.optim.swa_utils import get_ema_avg_fn
+
+    return WeightAveraging(use_buffers=False, avg_fn=get_ema_avg_fn(cfg.ema_decay))
+
+
 def build_trainer(
     cfg: TrainerConfig,
     out_dir: Path,
@@ -90,6 +108,9 @@ def build_trainer(
     sampler = getattr(train_loader, "batch_sampler", None)
     if isinstance(sampler, BucketBatchSampler):
         callbacks.append(ExactResume(sampler))
+    averaging = weight_average(cfg)
+    if averaging is not None:
+        callbacks.append(averaging)
     if monitor and cfg.early_stopping_patience > 0:
         callbacks.append(EarlyStopping(monitor=monitor, mode=mode, patience=cfg.early_stopping_patience, strict=False))
     devices: int | str = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
