@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from behrt_rope import schema as S  # noqa: E402
 from behrt_rope.data.sequences import load_tokens  # noqa: E402
 from synthetic_data.generator import DAYS_PER_YEAR, SynthConfig, _ramp, patient_ids  # noqa: E402
+from synthetic_data.oracle import oracle_table  # noqa: E402
 from synthetic_data.recurrence import RecurrenceSimulation, draw_catalogue  # noqa: E402
 
 FEATURES = (
@@ -121,8 +122,6 @@ def main() -> None:
     cfg = SynthConfig(patients=args.patients, seed=args.seed, process="recurrence")
     for key, value in settings.items():
         setattr(cfg, key, type(getattr(cfg, key))(value))
-    from synthetic_data.oracle import oracle_table
-
     oracle = oracle_table(cfg)
     codes = draw_catalogue(cfg).codes
     patient, _, x, y, prev = collect(cfg)
