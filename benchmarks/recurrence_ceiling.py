@@ -87,24 +87,18 @@ def collect(cfg: SynthConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     def before(idx: np.ndarray, day: np.ndarray) -> None:
         keep = sim.visits[idx] >= 1
         pending.update(
-            idx=idx[keep],
+            keep=keep,
             visit=sim.visits[idx[keep]].copy(),
             x=design(sim, idx[keep], day[keep]),
-            count=sim.count[idx[keep]].copy(),
             prev=sim.t_prev[idx[keep]].copy(),
         )
 
-    original = sim.visit
+    def after(idx: np.ndarray, hits: np.ndarray) -> None:
+        keep = pending["keep"]
+        if keep.any():
+            parts.append((idx[keep], pending["visit"], pending["x"], hits[keep], pending["prev"]))
 
-    def visit_and_record(idx: np.ndarray, day: np.ndarray, visit: int) -> None:
-        original(idx, day, visit)
-        if len(pending.get("idx", [])):
-            y = sim.count[pending["idx"]] > pending["count"]
-            parts.append((pending["idx"], pending["visit"], pending["x"], y, pending["prev"]))
-        pending.clear()
-
-    sim.visit = visit_and_record  # type: ignore[method-assign]
-    sim.run_visits(before_visit=before)
+    sim.run_visits(before_visit=before, after_visit=after)
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(5))  # type: ignore[return-value]
 
 

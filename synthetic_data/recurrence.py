@@ -47,6 +47,8 @@ import pandas as pd
 from behrt_rope.schema import CODE, PATIENT_ID, PREDICTION_TIME, PROBABILITY
 from synthetic_data.generator import (
     DAYS_PER_YEAR,
+    GAP_SHAPE,
+    RATE_SHAPE,
     SynthConfig,
     _EventLog,
     _parse_day,
@@ -54,16 +56,15 @@ from synthetic_data.generator import (
     history_tables,
     patient_ids,
 )
+from synthetic_data.oracle import ORACLE_SEED_OFFSET
 
 CODES = 64
 """Codes in a drawn catalogue, the routine code included."""
 KIND_SHARES = {"chronic": 0.4, "recurrent": 0.35, "background": 0.25}
 ROUTINE = "Z00.0"
 CATALOGUE_SEED_OFFSET = 104_729
-ORACLE_SEED_OFFSET = 7_919
 FRAILTY_SD = 0.3
 CHRONIC_VISIT_BOOST = 0.1
-GAP_SHAPE, RATE_SHAPE = 1.5, 2.0
 FOLLOWUP_MIN_DAYS, FOLLOWUP_MEAN_DAYS = 7.0, 14.0
 MAX_TRIGGERS = 2
 
@@ -204,9 +205,14 @@ class RecurrenceSimulation:
         np.add.at(z.T, cat.trigger_child, trig.T)
         return np.asarray(1.0 / (1.0 + np.exp(-z)))
 
-    def run_visits(self, before_visit: Callable[[np.ndarray, np.ndarray], None] | None = None) -> None:
+    def run_visits(
+        self,
+        before_visit: Callable[[np.ndarray, np.ndarray], None] | None = None,
+        after_visit: Callable[[np.ndarray, np.ndarray], None] | None = None,
+    ) -> None:
         """Visit every patient until the window ends or ``max_visits``; ``before_visit(idx, day)`` sees the
-        state just before each round of visits (the oracle reads probabilities there)."""
+        state just before each round of visits (the oracle reads probabilities there), ``after_visit(idx,
+        hits)`` the (patients, codes) codes each visit recorded."""
         for visit in range(self.cfg.max_visits):
             idx = np.flatnonzero(self.active)
             if idx.size == 0:
@@ -217,7 +223,9 @@ class RecurrenceSimulation:
             idx, day = idx[inside], day[inside]
             if before_visit is not None:
                 before_visit(idx, day)
-            self.visit(idx, day, visit)
+            hits = self.visit(idx, day, visit)
+            if after_visit is not None:
+                after_visit(idx, hits)
 
     def next_gap(self, idx: np.ndarray, first: bool) -> np.ndarray:
         rng, m = self.rng, idx.size
@@ -230,7 +238,8 @@ class RecurrenceSimulation:
         gap = np.where(followup, FOLLOWUP_MIN_DAYS + rng.exponential(FOLLOWUP_MEAN_DAYS, m), gap)
         return np.maximum(1, np.rint(gap)).astype(np.int64)
 
-    def visit(self, idx: np.ndarray, day: np.ndarray, visit: int) -> None:
+    def visit(self, idx: np.ndarray, day: np.ndarray, visit: int) -> np.ndarray:
+        """Record each patient's codes of this visit and update the state; returns (patients, codes) hits."""
         hits = self.rng.random((idx.size, len(self.cat.codes))) < self.probabilities(idx, day)
         hits[~hits.any(axis=1), self.cat.routine] = True
         self.log.add_matrix(idx, visit, day, hits, np.arange(len(self.cat.codes)))
@@ -241,6 +250,7 @@ class RecurrenceSimulation:
         self.last_gap[idx] = np.where(self.visits[idx] > 0, day - self.t_prev[idx], np.inf)
         self.visits[idx] += 1
         self.t_prev[idx] = day
+        return hits
 
     def tables(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The visits-format tables (no deaths in this process)."""

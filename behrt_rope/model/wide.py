@@ -32,10 +32,10 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from behrt_rope.model.encoder import DAYS_PER_YEAR
 from behrt_rope.model.token_label_attention import label_id_tensor
 from behrt_rope.schema import N_SPECIAL
 
-DAYS_PER_YEAR = 365.25
 VISIT_SCALES = (0.7, 2.0, 6.0)
 """Initial visit scales of the recency features, in visits."""
 DAY_SCALES = (30.0, 180.0, 1000.0)
@@ -59,7 +59,7 @@ class WidePath(nn.Module):
         label_token_ids: Sequence[int] | torch.Tensor | None = None,
     ) -> None:
         super().__init__()
-        self.vocab_size, self.num_labels, self.time_aware = vocab_size, num_labels, time_aware
+        self.vocab_size, self.num_labels = vocab_size, num_labels
         # Zero start: the path begins silent and the rest of the model is undisturbed. ``weight`` has the shape
         # of the nn.Linear it replaced, so bundles saved before the time-aware features load unchanged.
         self.weight = nn.Parameter(torch.zeros(num_labels, vocab_size))
