@@ -44,6 +44,7 @@ REASON: Final = "reason"
 TIME_RAW: Final = "time_raw"  # the time as read, kept for the quarantine file
 BIRTH_RAW: Final = "birth_date_raw"
 DEATH_RAW: Final = "death_date_raw"
+SEX_RAW: Final = "sex_raw"
 
 CANONICAL_PATIENTS: Final = pa.schema(
     [
@@ -134,6 +135,8 @@ VISIT_DATES: Final = "visit_dates"  # list<timestamp[us]>: the visit's time (ear
 N_VISITS: Final = "n_visits"
 N_TOKENS: Final = "n_tokens"
 LAST_EVENT_TIME: Final = "last_event_time"
+SEX_VALUES: Final = ("unknown", "female", "male", "other")
+"""SEX in the token dataset: one of these (behrt_rope/etl/sex.py); the model reads its position as an id."""
 
 TOKENS: Final = pa.schema(
     [
@@ -144,6 +147,7 @@ TOKENS: Final = pa.schema(
         (N_VISITS, pa.int32()),
         (N_TOKENS, pa.int32()),
         (LAST_EVENT_TIME, pa.timestamp("us")),
+        (SEX, pa.string()),
         (TOKEN_IDS, pa.list_(pa.int32())),
         (AGES, pa.list_(pa.float32())),
         (SEGMENTS, pa.list_(pa.int8())),
@@ -190,6 +194,8 @@ OMOP_BIRTH_DATETIME: Final = "birth_datetime"
 OMOP_YEAR_OF_BIRTH: Final = "year_of_birth"
 OMOP_MONTH_OF_BIRTH: Final = "month_of_birth"
 OMOP_DAY_OF_BIRTH: Final = "day_of_birth"
+OMOP_GENDER_CONCEPT_ID: Final = "gender_concept_id"
+OMOP_GENDER_SOURCE_VALUE: Final = "gender_source_value"
 OMOP_DEATH_DATE: Final = "death_date"
 OMOP_DEATH_DATETIME: Final = "death_datetime"
 OMOP_CONDITION_CONCEPT_ID: Final = "condition_concept_id"

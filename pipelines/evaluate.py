@@ -26,7 +26,13 @@ from behrt_rope.errors import UserError
 from behrt_rope.etl import descriptions
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.evaluation import meds_predictions
-from behrt_rope.evaluation.baseline import age_features, bag_of_codes, fit_predict_baseline, fit_predict_gbm
+from behrt_rope.evaluation.baseline import (
+    age_features,
+    bag_of_codes,
+    fit_predict_baseline,
+    fit_predict_gbm,
+    sex_features,
+)
 from behrt_rope.evaluation.ceiling import ORACLE, gap_closed, oracle_matrix, read_oracle
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
 from behrt_rope.evaluation.time_features import time_features
@@ -198,8 +204,8 @@ def _references(
     y_train = targets(train, train_samples, label_of_token)
     log.info("evaluate: fitting the logistic regression on %d train samples", len(train_samples))
     vocab_size = len(label_of_token)
-    x_train, age_train = _bag(train, train_samples, vocab_size)
-    x_eval, age_eval = _bag(held, samples, vocab_size)
+    x_train, dense_train = _bag(train, train_samples, vocab_size)
+    x_eval, dense_eval = _bag(held, samples, vocab_size)
     out = {
         LOGISTIC: fit_predict_baseline(
             x_train,
@@ -207,8 +213,8 @@ def _references(
             x_eval,
             C=config.baseline_c,
             seed=config.seed,
-            extra_train=age_features(age_train),
-            extra_eval=age_features(age_eval),
+            extra_train=dense_train,
+            extra_eval=dense_eval,
         )
     }
     if config.gradient_boosting:
@@ -259,13 +265,15 @@ def _etl_settings(etl_dir: str) -> dict[str, Any]:
 
 
 def _bag(seqs: Sequences, samples: Samples, vocab_size: int) -> tuple[sp.csr_matrix, np.ndarray]:
-    """log(1 + count) of each code in each sample's input, and the age at the prediction time."""
+    """log(1 + count) of each code in each sample's input, and its dense columns: the age at the prediction
+    time (``age_features``) and the patient's sex (``sex_features``), (N, 5)."""
     starts = seqs.offsets[samples.rows]
     offsets = np.concatenate([[0], np.cumsum(samples.cuts)])
     positions = ragged_positions(starts, samples.cuts)
     matrix = bag_of_codes(seqs.token_ids[positions], vocab_size, offsets, binary=False)
     matrix.data = np.log1p(matrix.data)
-    return matrix, seqs.ages[starts + samples.cuts - 1]
+    last = starts + samples.cuts - 1
+    return matrix, np.hstack([age_features(seqs.ages[last]), sex_features(seqs.sex[last])])
 
 
 def _pretrain_metrics(bundle: dict[str, Any]) -> dict[str, Any] | None:

@@ -35,6 +35,7 @@ def item(visits: list[list[int]], index: int = 0) -> dict[str, np.ndarray]:
         "ages": 30.0 + visit_index.astype(np.float32),
         "segments": visit_index % 2,
         "visit_index": visit_index,
+        "sex": np.full(len(ids), 1 + index % 3),
         "index": np.array(index),
     }
 

@@ -34,7 +34,7 @@ def _etl(tmp_path, patients: list[dict], events: list[dict]):
 
 def test_time_features_of_a_hand_built_history(tmp_path):
     events = [{S.PATIENT_ID: "p1", S.DATE: d, S.CODE: c} for d, codes in VISITS for c in codes]
-    seqs, tokens = _etl(tmp_path, [{S.PATIENT_ID: "p1", S.BIRTH_DATE: "1980-01-01"}], events)
+    seqs, tokens = _etl(tmp_path, [{S.PATIENT_ID: "p1", S.BIRTH_DATE: "1980-01-01", S.SEX: "F"}], events)
     samples = build_samples(seqs, TaskConfig(name="next_visit"))
     label_of_token = label_index(np.arange(S.N_SPECIAL, len(tokens)), len(tokens))
     features = time_features(seqs, samples, label_of_token)
@@ -56,12 +56,13 @@ def test_time_features_of_a_hand_built_history(tmp_path):
     assert code("C01", 0)["ever"] == 0
     per_sample = dict(zip(PER_SAMPLE, features.per_sample[2].tolist()))
     assert per_sample["n_visits_total"] == 3 and per_sample["days_since_previous_visit"] == 70
+    assert per_sample["sex"] == S.SEX_VALUES.index("female")
     assert per_sample["age"] == pytest.approx((pd.Timestamp("2020-04-10") - pd.Timestamp("1980-01-01")).days / 365.25)
     assert np.isnan(features.per_sample[0, 2])  # no previous visit
-    # the model matrix of one label: its own six features, every label's "ever", the per-sample three
+    # the model matrix of one label: its own six features, every label's "ever", the per-sample four
     j = tokens.index("C01") - S.N_SPECIAL
     matrix = features.for_label(j)
-    assert matrix.shape == (3, 6 + features.per_code.shape[1] + 3)
+    assert matrix.shape == (3, 6 + features.per_code.shape[1] + len(PER_SAMPLE))
     assert features.names_for_label(j, tokens[S.N_SPECIAL :])[:2] == ["C01:ever", "C01:n_visits"]
 
 

@@ -13,13 +13,13 @@ import torch
 
 from behrt_rope import schema as S
 
-FIELDS = ("token_ids", "ages", "segments", "visit_index")
+FIELDS = ("token_ids", "ages", "segments", "visit_index", "sex")
 INPUTS = (*FIELDS, "attention_mask")  # what the encoder's forward takes from a padded batch
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The encoder's inputs from a padded batch dict."""
-    return {name: batch[name] for name in INPUTS}
+    """The encoder's inputs from a padded batch dict (``sex`` is optional: absent means unknown)."""
+    return {name: batch[name] for name in INPUTS if name in batch or name != "sex"}
 
 
 def pad_batch(items: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
@@ -36,7 +36,7 @@ def pad_batch(items: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]
     """
     longest = max(len(item["token_ids"]) for item in items)
     batch: dict[str, torch.Tensor] = {}
-    for name in FIELDS:
+    for name in (f for f in FIELDS if f in items[0] or f != "sex"):  # items without sex: all unknown
         dtype = np.float32 if name == "ages" else np.int64
         fill = S.PAD_ID if name == "token_ids" else 0
         out = np.full((len(items), longest), fill, dtype=dtype)

@@ -1,12 +1,12 @@
 """The ETL's token dataset in memory: flat per-token arrays plus per-patient offsets (a ragged array).
 
 Patient ``i``'s tokens are ``token_ids[offsets[i]:offsets[i + 1]]`` (and the same slice of ``ages``,
-``segments``, ``visit_index`` and ``visit_days``).
+``segments``, ``visit_index``, ``visit_days`` and ``sex``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,19 +16,29 @@ import pyarrow.parquet as pq
 
 from behrt_rope import schema as S
 from behrt_rope.errors import ArtifactError
+from behrt_rope.etl.sex import UNKNOWN, sex_ids
 
 
 @dataclass
 class Sequences:
     """Token streams of some patients. Flat arrays have one entry per token."""
 
-    patients: pd.DataFrame  # PATIENT_ID, SPLIT, BIRTH_DATE, DEATH_DATE, N_VISITS, N_TOKENS, LAST_EVENT_TIME
+    patients: pd.DataFrame  # PATIENT_ID, SPLIT, BIRTH_DATE, DEATH_DATE, N_VISITS, N_TOKENS, LAST_EVENT_TIME, SEX
     offsets: np.ndarray  # (N + 1,) int64
     token_ids: np.ndarray  # (M,) int64
     ages: np.ndarray  # (M,) float32, years
     segments: np.ndarray  # (M,) int64
     visit_index: np.ndarray  # (M,) int64
     visit_days: np.ndarray  # (M,) int64, days since 1970-01-01 of the token's visit
+    sex: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))
+    """(M,) int8, the patient's sex id (``behrt_rope.etl.sex.SEX_IDS``, 0 unknown) repeated on each of its
+    tokens, so that batching treats it like any per-token field; left out: all unknown."""
+
+    def __post_init__(self) -> None:
+        if len(self.sex) != len(self.token_ids):
+            if len(self.sex):
+                raise ValueError(f"sex has {len(self.sex)} entries for {len(self.token_ids)} tokens")
+            self.sex = np.zeros(len(self.token_ids), dtype=np.int8)
 
     def __len__(self) -> int:
         return len(self.patients)
@@ -52,6 +62,7 @@ class Sequences:
             self.segments[take],
             self.visit_index[take],
             self.visit_days[take],
+            self.sex[take],
         )
 
     def split(self, name: str) -> Sequences:
@@ -79,6 +90,9 @@ def from_table(table: pa.Table) -> Sequences:
     meta_cols = [S.PATIENT_ID, S.SPLIT, S.BIRTH_DATE, S.DEATH_DATE, S.N_VISITS, S.N_TOKENS, S.LAST_EVENT_TIME]
     patients = table.select(meta_cols).to_pandas()
     patients[S.PATIENT_ID] = patients[S.PATIENT_ID].astype(object)
+    # token datasets written before sex was read have no SEX column: every patient is 'unknown'
+    sex = table.column(S.SEX).to_numpy(zero_copy_only=False) if S.SEX in table.column_names else None
+    patients[S.SEX] = np.full(len(patients), UNKNOWN, dtype=object) if sex is None else sex.astype(object)
     lengths = table.column(S.N_TOKENS).to_numpy().astype(np.int64)
 
     def flat(name: str, dtype: str) -> np.ndarray:
@@ -97,6 +111,7 @@ def from_table(table: pa.Table) -> Sequences:
         segments=flat(S.SEGMENTS, "int64"),
         visit_index=flat(S.VISIT_INDEX, "int64"),
         visit_days=days,
+        sex=np.repeat(sex_ids(patients[S.SEX].to_numpy(dtype=object)), lengths),
     )
 
 
@@ -106,8 +121,15 @@ def load_tokens(etl_dir: str | Path) -> Sequences:
     parts = sorted(folder.glob("part-*.parquet"))
     if not parts:
         raise ArtifactError(f"{etl_dir}: no token dataset found ({folder}/part-*.parquet); run `behrt-rope etl` first")
-    table = pa.concat_tables([pq.read_table(p, schema=S.TOKENS) for p in parts])
+    table = pa.concat_tables([_read_part(p) for p in parts], promote_options="permissive")
     return from_table(table)
+
+
+def _read_part(path: Path) -> pa.Table:
+    """One token file with the ``S.TOKENS`` types; a file from before the SEX column is read without it."""
+    names = set(pq.read_schema(path).names)
+    schema = S.TOKENS if S.SEX in names else S.TOKENS.remove(S.TOKENS.get_field_index(S.SEX))
+    return pq.read_table(path, schema=schema)
 
 
 def load_vocabulary(etl_dir: str | Path) -> pd.DataFrame:

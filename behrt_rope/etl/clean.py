@@ -73,7 +73,7 @@ class EventCodes:
 class Cleaned:
     """The usable rows of one shard and what was set aside."""
 
-    patients: pd.DataFrame  # PATIENT_ID, BIRTH_DATE, DEATH_DATE, SOURCE_TABLE (one row per patient)
+    patients: pd.DataFrame  # PATIENT_ID, BIRTH_DATE, DEATH_DATE, SEX, SOURCE_TABLE (one row per patient)
     events: pd.DataFrame  # canonical event columns, usable rows only
     quarantine: pd.DataFrame  # S.QUARANTINE columns; duplicates listed with reason exact_duplicate
     codes: EventCodes | None = field(default=None, repr=False)  # integer codes of ``events``, when known
@@ -122,8 +122,11 @@ def patient_reasons(patients: pd.DataFrame) -> np.ndarray:
         ],
         len(ids),
     )
-    valid = pd.DataFrame({"id": ids, "b": birth, "d": death})[reason == OK]
-    tiebreak = [c for c in (S.BIRTH_RAW, S.DEATH_RAW, S.SOURCE_TABLE, S.SOURCE_ROW) if c in patients.columns]
+    keys = {"id": ids, "b": birth, "d": death}
+    if S.SEX in patients.columns:  # rows that differ only in sex conflict too
+        keys["s"] = patients[S.SEX].to_numpy(dtype=object)
+    valid = pd.DataFrame(keys)[reason == OK]
+    tiebreak = [c for c in (S.BIRTH_RAW, S.DEATH_RAW, S.SEX_RAW, S.SOURCE_TABLE, S.SOURCE_ROW) if c in patients.columns]
     repeat = _repeats(valid, patients.loc[reason == OK, tiebreak])
     distinct = valid[~repeat]
     conflict_ids = set(distinct.loc[distinct["id"].duplicated(keep=False), "id"])
@@ -244,8 +247,9 @@ def clean(patients: pd.DataFrame, events: pd.DataFrame) -> Cleaned:
         ],
         ignore_index=True,
     )
+    kept = [c for c in (S.PATIENT_ID, S.BIRTH_DATE, S.DEATH_DATE, S.SEX, S.SOURCE_TABLE) if c in patients.columns]
     return Cleaned(
-        patients=usable_patients[[S.PATIENT_ID, S.BIRTH_DATE, S.DEATH_DATE, S.SOURCE_TABLE]].reset_index(drop=True),
+        patients=usable_patients[kept].reset_index(drop=True),
         events=events[usable].reset_index(drop=True) if len(bad) else events.reset_index(drop=True),
         quarantine=quarantine,
         codes=codes.take(usable) if len(bad) else codes,

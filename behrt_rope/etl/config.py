@@ -51,6 +51,9 @@ class MedsConfig:
     """Code of the birth event."""
     death_code: str = "MEDS_DEATH"
     """Code of the death event."""
+    sex_prefixes: list[str] = field(default_factory=lambda: ["GENDER//", "SEX//", "Gender/", "Sex/"])
+    """Code prefixes of a subject's sex (``GENDER//F``: MIMIC-IV MEDS; ``Gender/F``: meds_etl from OMOP); what
+    follows the prefix is read as in the visits format's ``sex`` column (``behrt_rope/etl/sex.py``)."""
 
 
 @dataclass

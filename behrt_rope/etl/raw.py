@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from behrt_rope import schema as S
+from behrt_rope.etl.sex import normalise_sex
 
 
 @dataclass
@@ -17,7 +18,8 @@ class RawTables:
     """One patient shard of raw input in canonical form (nothing rejected yet).
 
     ``patients``: PATIENT_ID (str), BIRTH_DATE / DEATH_DATE (datetime64[us], NaT when missing or
-    unparseable), BIRTH_RAW / DEATH_RAW (the text as read), SOURCE_TABLE, SOURCE_ROW.
+    unparseable), BIRTH_RAW / DEATH_RAW (the text as read), SEX (female/male/other/unknown, see ``sex.py``),
+    SEX_RAW (the text as read), SOURCE_TABLE, SOURCE_ROW.
     ``events``: PATIENT_ID (str, '' when missing), TIME (datetime64[us], NaT when unparseable), TIME_RAW,
     CODE (str, '' when empty), CODE_SYSTEM (str, '' for none), VISIT_ID (str, '' for none), SOURCE_TABLE,
     SOURCE_ROW; optionally REASON (str, '' for none): a quarantine reason the reader itself found
@@ -38,7 +40,17 @@ class RawTables:
     descriptions: pd.DataFrame | None = None  # CODE, CODE_SYSTEM, DESCRIPTION: names the input gives codes
 
 
-PATIENT_COLUMNS = (S.PATIENT_ID, S.BIRTH_DATE, S.DEATH_DATE, S.BIRTH_RAW, S.DEATH_RAW, S.SOURCE_TABLE, S.SOURCE_ROW)
+PATIENT_COLUMNS = (
+    S.PATIENT_ID,
+    S.BIRTH_DATE,
+    S.DEATH_DATE,
+    S.BIRTH_RAW,
+    S.DEATH_RAW,
+    S.SEX,
+    S.SEX_RAW,
+    S.SOURCE_TABLE,
+    S.SOURCE_ROW,
+)
 EVENT_COLUMNS = (
     S.PATIENT_ID,
     S.TIME,
@@ -62,9 +74,11 @@ def patients_frame(
     death_raw: Text | None,
     source_table: str,
     source_row: np.ndarray,
+    sex_raw: Text | None = None,
 ) -> pd.DataFrame:
-    """A canonical patients frame; absent death columns become NaT / ''."""
+    """A canonical patients frame; absent death columns become NaT / '', an absent sex ``unknown``."""
     n = len(patient_id)
+    sex_text = np.full(n, "", dtype=object) if sex_raw is None else _text(sex_raw)
     return pd.DataFrame(
         {
             S.PATIENT_ID: _text(patient_id),
@@ -74,6 +88,8 @@ def patients_frame(
             else np.asarray(death, dtype="datetime64[us]"),
             S.BIRTH_RAW: _text(birth_raw),
             S.DEATH_RAW: np.full(n, "", dtype=object) if death_raw is None else _text(death_raw),
+            S.SEX: normalise_sex(sex_text),
+            S.SEX_RAW: sex_text,
             S.SOURCE_TABLE: _constant(source_table, n),
             S.SOURCE_ROW: np.asarray(source_row, dtype=np.int64),
         }

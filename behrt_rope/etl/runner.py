@@ -32,11 +32,13 @@ from behrt_rope.etl.codes import fit_vocabulary, token_codes
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.raw import RawTables
 from behrt_rope.etl.readers import ShardSource
+from behrt_rope.etl.sex import unrecognised_values
 from behrt_rope.etl.split import assign_splits
 from behrt_rope.etl.tokenize import Structured, structure, to_token_table
 
 log = logging.getLogger(__name__)
 TMP_DIR = ".shards"
+SEX_EXAMPLES = 10  # the most frequent raw sex values read as 'other' that the manifest lists
 
 
 @dataclass
@@ -54,6 +56,7 @@ class ShardResult:
     filtered_prefixes: Counter[str] = field(default_factory=Counter)
     descriptions: pd.DataFrame | None = None  # raw CODE, CODE_SYSTEM, DESCRIPTION rows from the reader
     train_counts: Counter[str] = field(default_factory=Counter)  # per token, train-split visits holding it
+    sex_unrecognised: Counter[str] = field(default_factory=Counter)  # raw sex values read as 'other'
 
 
 def process_shard(raw: RawTables, config: EtlConfig) -> ShardResult:
@@ -86,6 +89,7 @@ def process_shard(raw: RawTables, config: EtlConfig) -> ShardResult:
         raw.patient_id_type,
         raw.filtered_prefixes,
         raw.descriptions,
+        sex_unrecognised=Counter(unrecognised_values(raw.patients.get(S.SEX_RAW, pd.Series(dtype=object)))),
     )
 
 
@@ -239,9 +243,11 @@ def _token_stats(table: pa.Table) -> dict[str, Any]:
     token_split = np.repeat(split_code, lengths)
     unk = np.bincount(token_split[ids == S.UNK_ID], minlength=len(split_names))
     codes = np.bincount(token_split[ids >= S.N_SPECIAL], minlength=len(split_names)) + unk
+    sex = table.column(S.SEX).to_numpy(zero_copy_only=False) if table.num_rows else np.zeros(0, dtype=object)
     return {
         "lengths": lengths,
         "splits": splits,
+        "sex": Counter(pd.Series(sex, dtype=object).value_counts().to_dict()),
         "unk_by_split": Counter({str(s): int(n) for s, n in zip(split_names, unk) if n}),
         "codes_by_split": Counter({str(s): int(n) for s, n in zip(split_names, codes) if n}),
     }
@@ -288,6 +294,10 @@ def build_manifest(
         "patients": {
             "with_tokens": len(lengths),
             "by_split": {s: int((splits == s).sum()) for s in S.SPLITS},
+            "by_sex": {s: int(n) for s, n in sorted(sum((t["sex"] for t in token_stats), Counter()).items())},
+            "sex_values_read_as_other": dict(
+                sum((r.sex_unrecognised for r in results), Counter()).most_common(SEX_EXAMPLES)
+            ),
         },
         "sequence_length": _describe(lengths),
         "vocabulary": {

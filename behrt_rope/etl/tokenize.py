@@ -16,6 +16,7 @@ import pyarrow as pa
 from behrt_rope import schema as S
 from behrt_rope.etl.clean import EventCodes
 from behrt_rope.etl.codes import distinct_sorted, factorize_text, group_ids, lookup, ordered_key
+from behrt_rope.etl.sex import UNKNOWN
 
 DAYS_PER_YEAR = 365.25
 
@@ -24,7 +25,7 @@ DAYS_PER_YEAR = 365.25
 class Structured:
     """One shard's patients as visits, after merging and truncation.
 
-    ``patients``: PATIENT_ID, BIRTH_DATE, DEATH_DATE, LAST_EVENT_TIME, one row per patient with tokens,
+    ``patients``: PATIENT_ID, BIRTH_DATE, DEATH_DATE, LAST_EVENT_TIME, SEX, one row per patient with tokens,
     sorted by id. ``visits``: 'patient' (row in ``patients``), VISIT_INDEX (0-based after truncation),
     TIME (earliest event of the visit), sorted by patient and visit index. ``codes``: 'visit' (row in
     ``visits``), 'token' (a categorical of token strings), one row per distinct token of a visit.
@@ -172,6 +173,7 @@ def structure(
             S.BIRTH_DATE: patients[S.BIRTH_DATE].to_numpy("datetime64[us]")[p_index],
             S.DEATH_DATE: patients[S.DEATH_DATE].to_numpy("datetime64[us]")[p_index],
             S.LAST_EVENT_TIME: last_time[patient_codes].view("datetime64[us]"),
+            S.SEX: _sex_column(patients)[p_index],
         }
     )
     # the kept visits' codes in output order: each visit's run of (sorted) pairs, moved as a block
@@ -261,6 +263,7 @@ def to_token_table(structured: Structured, vocabulary: pd.DataFrame, splits: np.
         S.N_VISITS: pa.array(np.bincount(visit_patient, minlength=n_patients).astype(np.int32)),
         S.N_TOKENS: pa.array(lengths.astype(np.int32)),
         S.LAST_EVENT_TIME: pa.array(patients[S.LAST_EVENT_TIME].to_numpy("datetime64[us]"), pa.timestamp("us")),
+        S.SEX: pa.array(_sex_column(patients), pa.string()),
         S.TOKEN_IDS: lists(row_token, pa.int32()),
         S.AGES: lists(visit_age[row_visit].astype(np.float32), pa.float32()),
         S.SEGMENTS: lists((row_vindex % 2).astype(np.int8), pa.int8()),
@@ -268,6 +271,13 @@ def to_token_table(structured: Structured, vocabulary: pd.DataFrame, splits: np.
         S.VISIT_DATES: lists(visit_time[row_visit], pa.timestamp("us")),
     }
     return pa.table(columns, schema=S.TOKENS)
+
+
+def _sex_column(patients: pd.DataFrame) -> np.ndarray:
+    """The patients' sex categories (``unknown`` for all when the frame has no SEX column), object array."""
+    if S.SEX not in patients.columns:
+        return np.full(len(patients), UNKNOWN, dtype=object)
+    return patients[S.SEX].to_numpy(dtype=object)
 
 
 def _sorted_codes(visit: np.ndarray, ids: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:

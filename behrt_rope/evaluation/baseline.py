@@ -80,6 +80,17 @@ def age_features(age_years: np.ndarray) -> np.ndarray:
     return np.hstack([age, age**2])
 
 
+def sex_features(sex_ids: np.ndarray) -> np.ndarray:
+    """(N, 3) one-hot columns female / male / other of sex ids (``schema.SEX_VALUES`` positions); unknown is
+    all zeros.
+
+    >>> sex_features(np.array([0, 1, 2, 3])).tolist()
+    [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    """
+    ids = np.asarray(sex_ids, dtype=np.int64)
+    return (ids[:, None] == np.arange(1, 4)[None, :]).astype(float)
+
+
 def _with_extra(X: sp.spmatrix, extra: np.ndarray | None, scaler: StandardScaler | None) -> sp.csr_matrix:
     if extra is None:
         return sp.csr_matrix(X)

@@ -9,9 +9,10 @@ Per label code ``c`` (at the prediction time, i.e. the end of the sample's last 
 * ``years_since_first``: years from the first visit that recorded ``c`` to visit ``k`` (NaN if never);
 * ``in_last``: ``c`` recorded at visit ``k`` itself (0/1);
 
-plus three columns per sample: age at visit ``k`` (years), number of visits ``k + 1``, and days since the
-previous visit (NaN at the first visit). Nothing here is specific to a cohort: these are what a data scientist
-would build by hand in an afternoon, which is why the transformer must beat a model trained on them.
+plus four columns per sample: age at visit ``k`` (years), number of visits ``k + 1``, days since the
+previous visit (NaN at the first visit) and the patient's sex id (``schema.SEX_VALUES`` position, 0 unknown).
+Nothing here is specific to a cohort: these are what a data scientist would build by hand in an afternoon,
+which is why the transformer must beat a model trained on them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from behrt_rope.data.labels import Samples, visit_table
 from behrt_rope.data.sequences import Sequences
 
 PER_CODE = ("ever", "n_visits", "visits_since", "days_since", "years_since_first", "in_last")
-PER_SAMPLE = ("age", "n_visits_total", "days_since_previous_visit")
+PER_SAMPLE = ("age", "n_visits_total", "days_since_previous_visit", "sex")
 DAYS_PER_YEAR = 365.25
 
 
@@ -36,13 +37,13 @@ class TimeFeatures:
     per_code: np.ndarray
     """(N, L, 6) float32, the :data:`PER_CODE` features of every label code."""
     per_sample: np.ndarray
-    """(N, 3) float32, the :data:`PER_SAMPLE` features."""
+    """(N, 4) float32, the :data:`PER_SAMPLE` features."""
 
     def __len__(self) -> int:
         return len(self.per_sample)
 
     def for_label(self, j: int) -> np.ndarray:
-        """(N, 6 + L + 3) matrix for label ``j``'s model: its own six features, whether each label code was
+        """(N, 6 + L + 4) matrix for label ``j``'s model: its own six features, whether each label code was
         ever recorded (how the history relates to ``j``: parents, comorbidities), and the per-sample
         features. Keeping the other codes to one column each makes a model ~5x cheaper to fit than on every
         feature of every code, with the same information about label ``j`` itself."""
@@ -52,7 +53,7 @@ class TimeFeatures:
     def names_for_label(self, j: int, label_codes: list[str]) -> list[str]:
         """Column names of :meth:`for_label`.
 
-        >>> f = TimeFeatures(np.zeros((1, 2, 6), np.float32), np.zeros((1, 3), np.float32))
+        >>> f = TimeFeatures(np.zeros((1, 2, 6), np.float32), np.zeros((1, 4), np.float32))
         >>> f.names_for_label(1, ["E11", "I10"])[:2], f.names_for_label(1, ["E11", "I10"])[6:8]
         (['I10:ever', 'I10:n_visits'], ['E11:ever', 'I10:ever'])
         """
@@ -94,7 +95,8 @@ def time_features(seqs: Sequences, samples: Samples, label_of_token: np.ndarray)
     ).astype(np.float32)  # (N, L, 6)
     previous = np.where(row > first_row, day - day[np.maximum(row - 1, 0)], np.nan)
     sep_positions = visits["sep"].to_numpy()[chosen]
-    per_sample = np.stack([seqs.ages[sep_positions], k[chosen] + 1, previous[chosen]], axis=1).astype(np.float32)
+    sex = seqs.sex[sep_positions]
+    per_sample = np.stack([seqs.ages[sep_positions], k[chosen] + 1, previous[chosen], sex], axis=1).astype(np.float32)
     return TimeFeatures(per_code, per_sample)
 
 

@@ -33,6 +33,9 @@ class ModelConfig:
     at 1/sqrt(k + 1) of the usual scale, so a token's code, not its age, dominates its initial embedding."""
     num_segments: int = 2
     """Segment ids alternate between visits (A/B)."""
+    sex_embedding: bool = True
+    """Add an embedding of the patient's recorded sex (female, male, other; ``unknown`` embeds to zero) to
+    every token, beside its code, segment and age (``behrt_rope/etl/sex.py``)."""
     position_encoding: Literal["rope", "absolute"] = "rope"
     """rope: rotate queries and keys; absolute: BEHRT's additive sinusoidal table (ablation)."""
     position_source: Literal["visit", "token", "age"] = "visit"

@@ -1,4 +1,4 @@
-"""The input embedding: code + segment + Time2Vec(age) (+ a sinusoidal position table in the ablation)."""
+"""The input embedding: code + segment + Time2Vec(age) + sex (+ a sinusoidal position table in the ablation)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from torch.nn import functional as F
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.rope import sinusoidal_table
 from behrt_rope.model.time2vec import Time2Vec
-from behrt_rope.schema import N_SPECIAL, PAD_ID
+from behrt_rope.schema import N_SPECIAL, PAD_ID, SEX_VALUES
 
 
 class BehrtEmbeddings(nn.Module):
-    """Sum of the token's code, segment and age embeddings, then LayerNorm and dropout, as in BEHRT.
+    """Sum of the token's code, segment and age embeddings, then LayerNorm and dropout, as in BEHRT; with
+    ``config.sex_embedding``, plus an embedding of the patient's sex (its ``unknown`` row is zero).
 
     With ``position_encoding="rope"`` no position enters here: positions act only inside attention, by
     rotating queries and keys. With ``"absolute"`` (the ablation) BEHRT's fixed sinusoidal table, indexed by
@@ -32,6 +33,7 @@ class BehrtEmbeddings(nn.Module):
         self.code = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=PAD_ID)
         self.segment = nn.Embedding(config.num_segments, config.hidden_size)
         self.age = Time2Vec(config)
+        self.sex = nn.Embedding(len(SEX_VALUES), config.hidden_size, padding_idx=0) if config.sex_embedding else None
         self.absolute = config.position_encoding == "absolute"
         if self.absolute:
             table = sinusoidal_table(config.max_positions, config.hidden_size)  # (max_positions, H)
@@ -46,6 +48,7 @@ class BehrtEmbeddings(nn.Module):
         ages: torch.Tensor,
         segments: torch.Tensor,
         positions: torch.Tensor | None = None,
+        sex: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Embed one batch.
 
@@ -55,6 +58,7 @@ class BehrtEmbeddings(nn.Module):
             segments: ``(B, T)`` long segment ids in ``[0, num_segments)``.
             positions: ``(B, T)`` float positions; used (and required) only with
                 ``position_encoding="absolute"``.
+            sex: ``(B, T)`` long sex ids (``schema.SEX_VALUES`` positions, 0 unknown), or None (all unknown).
 
         Returns:
             ``(B, T, H)``.
@@ -62,6 +66,8 @@ class BehrtEmbeddings(nn.Module):
         # With the BERT initialisation (std 0.02 everywhere) the age term, a projection of k + 1 unit-scale
         # Time2Vec features, would start ~4x larger than the code: scaled, the code leads (see ModelConfig).
         x = self.code(token_ids) * self.code_scale + self.segment(segments.long()) + self.age(ages)  # (B, T, H)
+        if self.sex is not None and sex is not None:
+            x = x + self.sex(sex.long())  # (B, T, H)
         if self.absolute:
             if positions is None:
                 raise ValueError("position_encoding='absolute' needs positions")

@@ -153,6 +153,7 @@ class BehrtEncoder(nn.Module):
         visit_index: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         visit_causal: bool = False,
+        sex: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Encode one batch.
 
@@ -164,6 +165,7 @@ class BehrtEncoder(nn.Module):
             attention_mask: ``(B, T)`` bool, True at real tokens; ``None`` means ``token_ids != PAD_ID``.
             visit_causal: tokens attend only to their own and earlier visits (see ``visit_causal_mask``);
                 otherwise attention is bidirectional over the real tokens.
+            sex: ``(B, T)`` long sex ids (the patient's, on each token; 0 unknown), or None (all unknown).
 
         Returns:
             ``(B, T, H)`` hidden states after the final LayerNorm. Rows of padding positions are finite but
@@ -172,7 +174,7 @@ class BehrtEncoder(nn.Module):
         if attention_mask is None:
             attention_mask = token_ids != PAD_ID
         positions = positions_for(self.config, visit_index, ages)  # (B, T) float32
-        x = self.embeddings(token_ids, ages, segments, positions)  # (B, T, H)
+        x = self.embeddings(token_ids, ages, segments, positions, sex)  # (B, T, H)
         cos = sin = None
         if self.config.position_encoding == "rope":
             # One pair of tables per forward, shared by every block.

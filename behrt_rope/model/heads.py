@@ -57,18 +57,19 @@ class BehrtForMaskedLM(nn.Module):
         visit_index: torch.Tensor,
         attention_mask: torch.Tensor | None,
         labels: torch.Tensor,
+        sex: torch.Tensor | None = None,
     ) -> MaskedLMOutput:
         """Predict the original code at the chosen tokens.
 
         Args:
-            token_ids, ages, segments, visit_index, attention_mask: as :meth:`BehrtEncoder.forward`, with
+            token_ids, ages, segments, visit_index, attention_mask, sex: as :meth:`BehrtEncoder.forward`, with
                 ``token_ids`` already masked (see ``behrt_rope.data.masking.mask_tokens``).
             labels: ``(B, T)`` long original ids at the chosen tokens, ``-100`` elsewhere.
 
         Only the chosen rows (about 15% of the real tokens) go through the head and the ``V``-wide decoder,
         which is most of the head's cost.
         """
-        hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask)  # (B, T, H)
+        hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, sex=sex)  # (B, T, H)
         chosen = labels != IGNORE_INDEX  # (B, T)
         h = hidden[chosen]  # (N, H)
         h = self.norm(self.gelu(self.dense(h)))  # (N, H)
@@ -204,17 +205,18 @@ class BehrtForMultiLabel(nn.Module):
         visit_index: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         score_at: torch.Tensor | None = None,
+        sex: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Batch fields as :meth:`BehrtEncoder.forward` -> logits (before the sigmoid): ``(B, num_labels)``,
         or ``(N, num_labels)`` at the ``score_at`` positions with ``"visit"`` pooling."""
         if attention_mask is None:
             attention_mask = token_ids != PAD_ID
         if self.pooling != "visit":
-            hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask)  # (B, T, H)
+            hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, sex=sex)  # (B, T, H)
             return self.classifier(self.drop(self.pool(hidden, attention_mask, visit_index, ages)))
         if score_at is None:
             raise ValueError("visit pooling needs score_at: the [SEP] positions to score")
-        hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, visit_causal=True)
+        hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, visit_causal=True, sex=sex)
         features = self._visit_features(hidden, ages, score_at)  # (N, P)
         logits = self.classifier(self.drop(features))  # (N, L)
         if isinstance(self.label_attention, TokenLabelAttention):

@@ -34,6 +34,7 @@ ADDED_LATER: dict[str, Any] = {
     "age_basis": 0,
     "label_own_code": False,
     "wide_time": False,
+    "sex_embedding": False,
 }
 """ModelConfig fields added after format version 1, with the value that a ``model.json`` written before them
 means: the model as it was then (their current defaults would describe a different set of weights)."""

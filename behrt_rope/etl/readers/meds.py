@@ -13,8 +13,9 @@ Rules (docs/formats.md):
 - a subject's birth is its ``MEDS_BIRTH`` event; two birth events with different times give two patient rows,
   which the cleaning step quarantines as conflicting; diagnoses of a subject without any birth event are
   quarantined as ``missing_birth``;
-- death is the subject's earliest ``MEDS_DEATH`` event; death, admission, discharge and encounter rows are
-  lookups and count as ``filtered``;
+- death is the subject's earliest ``MEDS_DEATH`` event, sex its ``GENDER//F``-style event
+  (``etl.meds.sex_prefixes``); death, sex, admission, discharge and encounter rows are lookups and count as
+  ``filtered``;
 - a diagnosis is a code matched by a style; its token is ``VOCABULARY/code`` (``DIAGNOSIS//ICD//10//I10``
   -> ``ICD10CM/I10``, ``SNOMED//44054006`` -> ``SNOMED/44054006``);
 - visits: ``admission`` (diagnoses from an admission up to its discharge, both inclusive, form one visit),
@@ -55,6 +56,7 @@ _DATA = "data"
 _KINDS = {S.MEDS_SUBJECT_ID: "id", S.MEDS_TIME: "time", S.MEDS_CODE: "code"}
 _LOOKUPS = ("admission", "discharge", "encounter")
 _VOCABULARY, _STYLE = "vocabulary", "style"
+_SEX_VALUE = "sex_value"
 id_text = io.to_text
 
 
@@ -106,7 +108,7 @@ def build(data: ShardInput, config: EtlConfig) -> RawTables:
     rows_read: Counter[str] = Counter({name: 0 for name in data.names(_DATA)})
     filtered: Counter[str] = Counter({name: 0 for name in data.names(_DATA)})
     prefixes: Counter[str] = Counter()
-    picked: dict[str, list[pa.Table]] = {k: [] for k in ("birth", "death", "diagnosis", *_LOOKUPS)}
+    picked: dict[str, list[pa.Table]] = {k: [] for k in ("birth", "death", "sex", "diagnosis", *_LOOKUPS)}
     subjects: list[np.ndarray] = []
     for chunk in data.of(_DATA):
         batch = chunk.table
@@ -121,7 +123,7 @@ def build(data: ShardInput, config: EtlConfig) -> RawTables:
     seen = Counter({key[len("seen.") :]: 1 for key, value in data.facts.items() if key.startswith("seen.") and value})
     rule = resolve_visit_rule(meds, seen)
     notes["meds.visit_rule"] = rule if meds.visit_rule != "auto" else f"{rule} (auto)"
-    patients, birth_ids = _patients(picked, notes)
+    patients, birth_ids = _patients(picked, meds.sex_prefixes, notes)
     events = _diagnoses(picked, styles, rule, birth_ids, notes, config.max_invalid_fraction, data.plan.input_dir)
     all_subjects = np.unique(np.concatenate(subjects)) if subjects else np.zeros(0, dtype=object)
     notes["meds.subjects"] = len(all_subjects)
@@ -271,6 +273,8 @@ def _pick(
     diagnosis = pa.array((matches.style >= 0) & ~pc.or_(birth, death).to_numpy())
     picked["birth"].append(keys.filter(birth).append_column("file", _const(name, birth)))
     picked["death"].append(keys.filter(death))
+    sex = _sex_mask(code, meds.sex_prefixes)
+    picked["sex"].append(keys.filter(sex).append_column(_SEX_VALUE, code.filter(sex)))
     found = keys.filter(diagnosis).append_column("file", _const(name, diagnosis))
     rows = np.asarray(diagnosis, dtype=bool)
     found = found.append_column(code_styles.CODE_GROUP, pa.array(matches.code[rows], pa.string()))
@@ -284,6 +288,36 @@ def _pick(
     return int(pc.sum(birth).as_py() or 0) + int(rows.sum())
 
 
+def _sex_mask(code: pa.ChunkedArray, prefixes: list[str]) -> pa.ChunkedArray:
+    """Null-free mask of the rows whose code starts with one of ``prefixes`` (a subject's sex)."""
+    mask = pc.equal(code, "\x00")
+    for prefix in prefixes:
+        mask = pc.or_(mask, pc.starts_with(code, prefix))
+    return pc.fill_null(mask, False)
+
+
+def _sex_by_subject(sexes: pa.Table | None, prefixes: list[str], notes: dict[str, Any]) -> pd.Series:
+    """Per subject id (index), the raw sex: the code without its prefix (``GENDER//F`` -> ``F``). A subject
+    with several different values keeps the earliest-timed one (null time, i.e. static, first); counted in
+    ``notes``."""
+    if sexes is None:
+        notes["meds.subjects_with_sex"] = 0
+        return pd.Series(dtype=object)
+    value = sexes[_SEX_VALUE]
+    for prefix in sorted(prefixes, key=len, reverse=True):
+        value = pc.if_else(pc.starts_with(value, prefix), pc.utf8_slice_codeunits(value, len(prefix)), value)
+    frame = pd.DataFrame(
+        {
+            "id": io.to_text(sexes[S.MEDS_SUBJECT_ID]),
+            "t": io.parse_times(sexes[S.MEDS_TIME]),
+            "v": io.to_text(value),
+        }
+    ).sort_values(["id", "t"], na_position="first", kind="stable")
+    notes["meds.subjects_with_sex"] = int(frame["id"].nunique())
+    notes["meds.subjects_with_several_sexes"] = int((frame.groupby("id")["v"].nunique() > 1).sum())
+    return frame.drop_duplicates("id", keep="first").set_index("id")["v"]
+
+
 def _const(value: str, mask: pa.ChunkedArray) -> pa.Array:
     return pa.array(np.full(int(pc.sum(mask).as_py() or 0), value, dtype=object), pa.string())
 
@@ -293,8 +327,12 @@ def _combine(tables: list[pa.Table]) -> pa.Table | None:
     return pa.concat_tables(tables, promote_options="permissive") if tables else None
 
 
-def _patients(picked: dict[str, list[pa.Table]], notes: dict[str, Any]) -> tuple[pd.DataFrame, np.ndarray]:
-    """One canonical patient row per birth event, with the subject's earliest death; and the ids with births."""
+def _patients(
+    picked: dict[str, list[pa.Table]], sex_prefixes: list[str], notes: dict[str, Any]
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """One canonical patient row per birth event, with the subject's earliest death and its sex; and the ids
+    with births."""
+    sex_by_id = _sex_by_subject(_combine(picked["sex"]), sex_prefixes, notes)
     births = _combine(picked["birth"])
     deaths = _combine(picked["death"])
     death_by_id = pd.Series(dtype="datetime64[us]")
@@ -310,6 +348,7 @@ def _patients(picked: dict[str, list[pa.Table]], notes: dict[str, Any]) -> tuple
     ids = io.to_text(births[S.MEDS_SUBJECT_ID])
     death = death_by_id.reindex(ids).to_numpy(dtype="datetime64[us]")
     death_raw = np.where(np.isnat(death), "", np.datetime_as_string(death, unit="s")).astype(object)
+    sex = sex_by_id.reindex(ids).fillna("").to_numpy(dtype=object)
     frames = []
     files = births["file"].to_numpy(zero_copy_only=False)
     for name in pd.unique(files):
@@ -323,6 +362,7 @@ def _patients(picked: dict[str, list[pa.Table]], notes: dict[str, Any]) -> tuple
                 death_raw[mine],
                 str(name),
                 births[_ROW].to_numpy()[mine],
+                sex_raw=sex[mine],
             )
         )
     notes["meds.birth_events"] = births.num_rows

@@ -46,6 +46,7 @@ from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.raw import EVENT_COLUMNS, PATIENT_COLUMNS, RawTables, concat, events_frame, patients_frame
 from behrt_rope.etl.readers import source
 from behrt_rope.etl.readers.source import Chunk, Plan, ShardInput, TablePlan
+from behrt_rope.etl.sex import UNKNOWN, normalise_sex
 
 FLOAT_PRINTED = r"^([+-]?\d+)\.0+$"  # an integer printed as a float: 65363002.0
 NO_CONCEPT = "0"
@@ -104,6 +105,7 @@ def _tables(code_column: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...
         else S.OMOP_CONDITION_SOURCE_CONCEPT_ID
     )
     kinds = dict.fromkeys(_TIME_COLUMNS, "time") | dict.fromkeys((*_ID_COLUMNS, code_column, concept_column), "id")
+    kinds |= {S.OMOP_GENDER_CONCEPT_ID: "id", S.OMOP_GENDER_SOURCE_VALUE: "code"}
     death = (S.OMOP_PERSON_ID, S.OMOP_DEATH_DATETIME, S.OMOP_DEATH_DATE)
     person = (
         S.OMOP_PERSON_ID,
@@ -112,6 +114,8 @@ def _tables(code_column: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...
         S.OMOP_MONTH_OF_BIRTH,
         S.OMOP_DAY_OF_BIRTH,
         S.OMOP_DEATH_DATETIME,
+        S.OMOP_GENDER_CONCEPT_ID,
+        S.OMOP_GENDER_SOURCE_VALUE,
     )
     visit = (
         S.OMOP_VISIT_OCCURRENCE_ID,
@@ -347,12 +351,26 @@ def _persons(
             fill = death_raw == ""
             death[fill], death_raw[fill] = own[fill], own_raw[fill]
         counts.rows[chunk.name] += batch.num_rows
-        frames.append(patients_frame(ids, birth, birth_raw, death, death_raw, chunk.name, rows))
+        sex = _gender(batch)
+        frames.append(patients_frame(ids, birth, birth_raw, death, death_raw, chunk.name, rows, sex_raw=sex))
     patients = concat(frames, PATIENT_COLUMNS)
     notes["omop.person_rows"] = len(patients)
     notes["omop.births_from_year_month_day"] = from_parts
     notes["omop.births_unparseable"] = int(patients[S.BIRTH_DATE].isna().sum())
     return patients
+
+
+def _gender(batch: pa.Table) -> np.ndarray | None:
+    """Per person row, the raw sex: ``gender_concept_id`` where it names female, male or other, else
+    ``gender_source_value`` (sites that leave the concept 0 or unknown); None without either column."""
+    columns = [c for c in (S.OMOP_GENDER_CONCEPT_ID, S.OMOP_GENDER_SOURCE_VALUE) if c in batch.column_names]
+    if not columns:
+        return None
+    raw = integer_text(batch[columns[0]]) if columns[0] == S.OMOP_GENDER_CONCEPT_ID else io.to_text(batch[columns[0]])
+    if columns == [S.OMOP_GENDER_CONCEPT_ID, S.OMOP_GENDER_SOURCE_VALUE]:
+        fallback = io.to_text(batch[S.OMOP_GENDER_SOURCE_VALUE])
+        raw = np.where(normalise_sex(raw) == UNKNOWN, fallback, raw).astype(object)
+    return np.asarray(raw, dtype=object)
 
 
 def _birth_from_parts(batch: pa.Table) -> tuple[np.ndarray, np.ndarray]:

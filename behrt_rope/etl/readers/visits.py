@@ -88,6 +88,7 @@ def _patients(chunk: Chunk, config: EtlConfig) -> Any:
         death_raw,
         chunk.name,
         rows,
+        sex_raw=io.text_array(batch[S.SEX]) if S.SEX in batch.column_names else None,
     )
 
 
