@@ -209,6 +209,13 @@ def score_prepared(job: Job, prepared: Prepared, scorer: Any) -> pa.Table:
     return predictions_table(prepared.seqs.patients, job.labels, probs, job.patient_id_type)
 
 
+def _lay_out_and_sink(
+    sink: Callable[[pa.Table], None], patients: pd.DataFrame, labels: list[str], probs: np.ndarray, id_type: str
+) -> None:
+    """One shard's probabilities ``(N, L)`` laid out as predictions (:func:`predictions_table`) and sunk."""
+    sink(predictions_table(patients, labels, probs, id_type))
+
+
 class _ParquetSink:
     """Appends tables to one Parquet file as row groups; the file is opened with the first table's schema."""
 
@@ -227,8 +234,12 @@ class _ParquetSink:
 
 
 def _predict_local(job: Job, config: Config, bundle: dict[str, Any], sink: Callable[[pa.Table], None]) -> Tally:
-    """Shards in order, each shard's predictions handed to ``sink``; the next shard is read and tokenised in
-    a thread while this one is scored."""
+    """Shards in order, each shard's predictions handed to ``sink``, from one thread and in shard order.
+
+    While a shard is scored, the next one is read and tokenised in one thread, and the previous one's
+    predictions are laid out and handed to ``sink`` in another, so scoring waits for neither. At most one
+    shard's predictions wait to be written: memory holds about two shards' predictions, not the input's.
+    """
     from behrt_rope.scoring.scorer import Scorer
     from behrt_rope.training.inference import multilabel_model, resolve_device
 
@@ -237,17 +248,25 @@ def _predict_local(job: Job, config: Config, bundle: dict[str, Any], sink: Calla
     log.info("predict: scoring on %s in %s", device, str(scorer.dtype).removeprefix("torch."))
     tally = Tally()
     src = ShardSource.open(Path(job.input_dir), job.etl)
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    with ThreadPoolExecutor(max_workers=1) as pool, ThreadPoolExecutor(max_workers=1) as writer:
         pending: Future[Prepared] = pool.submit(prepare_shard, src, job.vocab, 0, job.shards)
+        written: Future[None] | None = None
         for shard in tqdm(range(job.shards), desc="predict: shards", disable=not config.progress or job.shards == 1):
             prepared = pending.result()
             if shard + 1 < job.shards:
                 pending = pool.submit(prepare_shard, src, job.vocab, shard + 1, job.shards)
-            sink(score_prepared(job, prepared, scorer))
+            probs = scorer.score(prepared.seqs)  # (N, L)
+            job.patient_id_type = job.patient_id_type or prepared.patient_id_type  # one schema for every shard
+            if written is not None:
+                written.result()  # the previous shard is written (or its error raised) before this one queues
+            patients = prepared.seqs.patients
+            written = writer.submit(_lay_out_and_sink, sink, patients, job.labels, probs, job.patient_id_type)
             tally.add(
                 len(prepared.seqs), prepared.unscored, prepared.quarantine, prepared.unknown_codes, prepared.code_events
             )
-            del prepared
+            del prepared, probs, patients
+        if written is not None:
+            written.result()
     return tally
 
 

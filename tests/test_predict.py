@@ -79,3 +79,54 @@ def test_bf16_scoring_barely_moves_the_rankings(model, tmp_path):
     wide16 = bf16.pivot(index=S.PATIENT_ID, columns=S.CODE, values=S.PROBABILITY)
     rho = [spearmanr(wide32[c], wide16[c]).statistic for c in wide32.columns if wide32[c].std() > 0]
     assert np.median(rho) > 0.98 and min(rho) > 0.9, rho
+
+
+@pytest.mark.slow
+def test_a_shard_is_written_while_the_next_is_scored_and_the_file_equals_sequential_scoring(
+    model, tmp_path, monkeypatch
+):
+    """Shard k's predictions are laid out and written in a thread while shard k+1 is scored; the writes still
+    come from one thread in shard order, and each row group equals scoring the shards one after another."""
+    import threading
+
+    import torch
+
+    from behrt_rope.etl.readers import ShardSource
+    from behrt_rope.scoring.scorer import Scorer
+    from behrt_rope.scoring.shard import prepare_shard
+    from behrt_rope.training.bundle import load_bundle
+    from behrt_rope.training.inference import multilabel_model
+    from pipelines import predict as pipeline
+
+    raw, model_dir = model
+    second_scored, writers, overlapped = threading.Event(), [], []
+    real_score, real_write = Scorer.score, pipeline._ParquetSink.write
+
+    def score(self, seqs):
+        second_scored.set() if getattr(self, "calls", 0) == 1 else None
+        self.calls = getattr(self, "calls", 0) + 1
+        return real_score(self, seqs)
+
+    def write(self, table):
+        if not writers:  # the first shard's write waits until the second shard is being scored
+            overlapped.append(second_scored.wait(timeout=60))
+        writers.append(threading.get_ident())
+        real_write(self, table)
+
+    monkeypatch.setattr(Scorer, "score", score)
+    monkeypatch.setattr(pipeline._ParquetSink, "write", write)
+    out = tmp_path / "p.parquet"
+    predict(raw, model_dir, out, "shards=3", "precision=fp32")
+    monkeypatch.undo()
+    assert overlapped == [True] and len(writers) == 3 and len(set(writers)) == 1
+
+    bundle = load_bundle(model_dir, "multilabel")
+    etl = pipeline._etl_config(bundle, "", None)
+    vocab = pd.DataFrame({"token_id": np.arange(len(bundle["vocab"]), dtype=np.int32), "token": bundle["vocab"]})
+    job = pipeline.Job(str(model_dir), str(raw), etl, vocab, list(bundle["labels"]), "", 3)
+    scorer = Scorer(multilabel_model(bundle), torch.device("cpu"), "fp32")
+    src = ShardSource.open(raw, etl)
+    written = pq.ParquetFile(out)
+    for shard in range(3):
+        expected = pipeline.score_prepared(job, prepare_shard(src, vocab, shard, 3), scorer)
+        assert written.read_row_group(shard).equals(expected)

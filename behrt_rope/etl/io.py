@@ -262,6 +262,10 @@ def text_array(array: pa.ChunkedArray | pa.Array) -> pd.api.extensions.Extension
     """
     if pa.types.is_null(array.type):
         return pd.array(pa.array([""], pa.large_string()).take(np.zeros(len(array), dtype=np.int32)), dtype="str")
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        # text already: stripping every row costs less than hashing the column and taking the distinct values
+        trimmed = pc.utf8_trim_whitespace(pc.cast(_single(array), pa.large_string()))
+        return pd.array(pc.fill_null(trimmed, ""), dtype="str")
     uniques, index = _distinct_text(array)
     return pd.array(uniques.cast(pa.large_string()).take(pa.array(index)), dtype="str")
 
@@ -294,8 +298,9 @@ def parse_times(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
 def _parse_distinct(text: pa.Array) -> np.ndarray:
     """Parse (mostly distinct) ISO texts: Arrow's fast date parser, pandas' ISO 8601 parser for the rest."""
     fast = pc.strptime(text, format="%Y-%m-%d", unit="us", error_is_null=True)
-    # strptime rolls impossible dates over (2020-02-30 -> 2020-03-01): keep only exact round trips
-    exact = pc.fill_null(pc.equal(pc.strftime(fast, format="%Y-%m-%d"), text), False)
+    # strptime rolls impossible dates over (2020-02-30 -> 2020-03-01): keep only exact round trips. It parses
+    # years 0000-9999 only, which a date cast writes as strftime's %Y-%m-%d does, 20x faster.
+    exact = pc.fill_null(pc.equal(pc.cast(pc.cast(fast, pa.date32()), pa.string()), text), False)
     out = np.asarray(pc.if_else(exact, fast, None).to_numpy(zero_copy_only=False), dtype="datetime64[us]")
     retry = np.isnat(out) & (pc.utf8_length(text).to_numpy(zero_copy_only=False) > 0)
     if retry.any():
@@ -348,6 +353,8 @@ def check_parse_rate(
 
     ``rows``: each value's row number in the file, shape (values,), for the example (default: 0, 1, ...).
     """
+    if limit >= 0 and not np.isnat(parsed).any():  # nothing failed: no need to find the blank values
+        return
     present = present_mask(raw)
     failed = present & np.isnat(parsed)
     if present.sum() == 0 or failed.sum() / present.sum() <= limit:

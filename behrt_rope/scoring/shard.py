@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from behrt_rope import schema as S
 from behrt_rope.data.sequences import Sequences, from_table
+from behrt_rope.etl.codes import factorize_text
 from behrt_rope.etl.io import TABLE_SUFFIXES
 from behrt_rope.etl.readers import ShardSource
 from behrt_rope.etl.runner import process_shard
@@ -71,33 +72,79 @@ def prepare_shard(src: ShardSource, vocab: pd.DataFrame, shard: int, shards: int
     raw = src.read(shard, shards)
     result = process_shard(raw, etl)
     structured = result.structured
-    tokens = structured.codes["token"].to_numpy(dtype=object)
-    unknown = Counter(tokens[~np.isin(tokens, vocab["token"].to_numpy(dtype=object))].tolist())
+    tokens = structured.codes["token"]
     table = to_token_table(structured, vocab, np.full(len(structured.patients), "", dtype=object))
     return Prepared(
         seqs=from_table(table),
         unscored=_unscored(raw.patients, raw.events, structured.patients, result.quarantine),
-        unknown_codes=unknown,
+        unknown_codes=unknown_codes(tokens, vocab["token"]),
         code_events=len(tokens),
         quarantine=result.quarantine,
         patient_id_type=raw.patient_id_type,
     )
 
 
+def unknown_codes(tokens: pd.Series, known: pd.Series) -> Counter[str]:
+    """Occurrences of each token of ``tokens`` (one per code event) that is not in ``known``, keyed in order
+    of first occurrence, as ``Counter(tokens[~isin])`` would (``most_common`` breaks ties by that order).
+
+    A categorical ``tokens`` (what :func:`~behrt_rope.etl.tokenize.structure` makes) is checked per
+    category and counted on its integer codes, without a Python string per event.
+
+    >>> unknown_codes(pd.Series(pd.Categorical(["Z1", "I10", "A0", "Z1"])), pd.Series(["I10"]))
+    Counter({'Z1': 2, 'A0': 1})
+    """
+    if not isinstance(tokens.dtype, pd.CategoricalDtype) or (tokens.array.codes < 0).any():
+        values = tokens.to_numpy(dtype=object)
+        return Counter(values[~np.isin(values, known.to_numpy(dtype=object))].tolist())
+    categories = np.asarray(tokens.cat.categories, dtype=object)
+    unknown = ~np.isin(categories, known.to_numpy(dtype=object))  # per category: few
+    codes = tokens.array.codes
+    found = codes[unknown[codes]]
+    counts = np.bincount(found, minlength=len(categories))
+    return Counter({categories[c]: int(counts[c]) for c in pd.unique(found)})
+
+
+def _distinct(ids: pd.Series) -> np.ndarray:
+    """The distinct values of a column as an object array (in no particular order)."""
+    return np.asarray(ids.unique(), dtype=object)
+
+
 def _unscored(
     patients: pd.DataFrame, events: pd.DataFrame, scored: pd.DataFrame, quarantine: pd.DataFrame
 ) -> pd.DataFrame:
-    """Every patient id seen in the input but not scored, with the reason."""
-    seen = pd.unique(np.concatenate([patients[S.PATIENT_ID].to_numpy(object), events[S.PATIENT_ID].to_numpy(object)]))
-    missing = np.setdiff1d(np.asarray([s for s in seen if s != ""], dtype=str), scored[S.PATIENT_ID].to_numpy(str))
-    reasons = (
-        quarantine[quarantine[S.PATIENT_ID].isin(missing)]
-        .groupby(S.PATIENT_ID)[S.REASON]
-        .agg(lambda r: ",".join(sorted(set(r))))
-    )
+    """Every patient id seen in the input but not scored, with the reason.
+
+    The ids are made distinct per table first (a hash over the Arrow-backed column), so only distinct ids,
+    not every event row, become Python strings.
+    """
+    seen = np.concatenate([_distinct(patients[S.PATIENT_ID]), _distinct(events[S.PATIENT_ID])])
+    missing = np.setdiff1d(np.asarray(seen[seen != ""], dtype=str), scored[S.PATIENT_ID].to_numpy(str))
     frame = pd.DataFrame({S.PATIENT_ID: missing.astype(object)})
-    frame[S.REASON] = reasons.reindex(missing).fillna("no_events").to_numpy(dtype=object)
+    frame[S.REASON] = _joined_reasons(quarantine[quarantine[S.PATIENT_ID].isin(missing)], missing)
     return frame
+
+
+def _joined_reasons(quarantine: pd.DataFrame, ids: np.ndarray) -> np.ndarray:
+    """Per id of the sorted, distinct ``ids`` (N,), its distinct quarantine reasons, sorted and joined by ',';
+    ``no_events`` for an id without a quarantined row. Every quarantine row's id is one of ``ids``.
+
+    A reason set is joined once however many patients share it (a few sets, many patients).
+
+    >>> q = pd.DataFrame({S.PATIENT_ID: ["b", "a", "b", "b"], S.REASON: ["y", "x", "x", "y"]})
+    >>> _joined_reasons(q, np.array(["a", "b", "c"])).tolist()
+    ['x', 'x,y', 'no_events']
+    """
+    out = np.full(len(ids), "no_events", dtype=object)
+    if not len(quarantine):
+        return out
+    reason, names = factorize_text(quarantine[S.REASON])  # names sorted: codes follow text order
+    has = np.zeros((len(ids), len(names)), dtype=bool)  # (N, distinct reasons)
+    has[np.searchsorted(ids, quarantine[S.PATIENT_ID].to_numpy(str)), reason] = True
+    rows = np.flatnonzero(has.any(axis=1))
+    sets, which = np.unique(has[rows], axis=0, return_inverse=True)
+    out[rows] = np.asarray([",".join(names[row]) for row in sets], dtype=object)[which.reshape(-1)]
+    return out
 
 
 def predictions_schema(patient_id_type: str) -> pa.Schema:
