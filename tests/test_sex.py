@@ -12,12 +12,15 @@ import pytest
 import torch
 
 from behrt_rope import schema as S
+from behrt_rope.data.batching import model_inputs, pad_batch
+from behrt_rope.data.datasets import PatientDataset
 from behrt_rope.data.sequences import from_table, load_tokens
 from behrt_rope.etl.config import EtlConfig, SplitConfig
 from behrt_rope.etl.runner import run_etl
 from behrt_rope.etl.sex import normalise_sex, sex_ids, unrecognised_values
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.heads import BehrtForMultiLabel
+from behrt_rope.scoring.batches import padded_batch
 from behrt_rope.training.bundle import load_bundle, save_bundle
 from tests.test_meds import COHORT, write_meds
 from tests.test_omop import write_omop
@@ -181,3 +184,13 @@ def test_bundle_written_before_sex_loads_without_it(tmp_path: Path) -> None:
     assert loaded["model_config"].sex_embedding is False
     rebuilt = BehrtForMultiLabel(loaded["model_config"], num_labels=3)
     rebuilt.load_state_dict(loaded["state_dict"])  # strict: the same keys
+
+
+def test_scoring_and_training_batches_carry_each_patients_sex(tmp_path: Path) -> None:
+    raw = write_visits(tmp_path / "raw", ["F", "M", None, "X"])
+    run_etl(raw, tmp_path / "out", EtlConfig(split=ALL_TRAIN), progress=False)
+    seqs = load_tokens(tmp_path / "out")
+    scored = padded_batch(seqs, np.array([3, 0, 1]), score_last=True)
+    assert scored["sex"].tolist() == [[3, 3, 3], [1, 1, 1], [2, 2, 2]]
+    trained = pad_batch([PatientDataset(seqs)[i] for i in (1, 2)])
+    assert model_inputs(trained)["sex"].tolist() == [[2, 2, 2], [0, 0, 0]]
