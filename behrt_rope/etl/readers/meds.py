@@ -30,6 +30,7 @@ Rules (docs/formats.md):
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -240,13 +241,7 @@ def _lookup_masks(code: pa.ChunkedArray, meds: MedsConfig) -> dict[str, pa.Chunk
     }
     if meds.visit_rule != "auto":
         wanted = {k: v for k, v in wanted.items() if k in _rule_lookups(meds.visit_rule)}
-    masks = {}
-    for kind, prefixes in wanted.items():
-        mask = pc.starts_with(code, prefixes[0]) if prefixes else pc.equal(code, "\x00")
-        for prefix in prefixes[1:]:
-            mask = pc.or_(mask, pc.starts_with(code, prefix))
-        masks[kind] = pc.fill_null(mask, False)
-    return masks
+    return {kind: _prefix_mask(code, prefixes) for kind, prefixes in wanted.items()}
 
 
 def _rule_lookups(rule: str) -> tuple[str, ...]:
@@ -273,7 +268,7 @@ def _pick(
     diagnosis = pa.array((matches.style >= 0) & ~pc.or_(birth, death).to_numpy())
     picked["birth"].append(keys.filter(birth).append_column("file", _const(name, birth)))
     picked["death"].append(keys.filter(death))
-    sex = _sex_mask(code, meds.sex_prefixes)
+    sex = _prefix_mask(code, meds.sex_prefixes)
     picked["sex"].append(keys.filter(sex).append_column(_SEX_VALUE, code.filter(sex)))
     found = keys.filter(diagnosis).append_column("file", _const(name, diagnosis))
     rows = np.asarray(diagnosis, dtype=bool)
@@ -288,10 +283,10 @@ def _pick(
     return int(pc.sum(birth).as_py() or 0) + int(rows.sum())
 
 
-def _sex_mask(code: pa.ChunkedArray, prefixes: list[str]) -> pa.ChunkedArray:
-    """Null-free mask of the rows whose code starts with one of ``prefixes`` (a subject's sex)."""
-    mask = pc.equal(code, "\x00")
-    for prefix in prefixes:
+def _prefix_mask(code: pa.ChunkedArray, prefixes: Sequence[str]) -> pa.ChunkedArray:
+    """Null-free mask of the rows whose code starts with one of ``prefixes`` (none: all False)."""
+    mask = pc.starts_with(code, prefixes[0]) if prefixes else pc.equal(code, "\x00")
+    for prefix in prefixes[1:]:
         mask = pc.or_(mask, pc.starts_with(code, prefix))
     return pc.fill_null(mask, False)
 
