@@ -70,6 +70,10 @@ class ModelConfig:
     label's code), a copy prior so that "was this very code recorded, how often, how recently" is there from
     the first step instead of being found by a query; the model must be told the label codes. Tuning macro
     AP +0.0008 and +0.0026 on two tuning cohorts (docs/benchmarks.md, "Fourth round")."""
+    label_code_tie: bool = False
+    """Fine-tuning head (visit pooling): each per-label parameter of the classifier and of the label attention
+    is its free value plus a shared map of the label's own code embedding (``label_codes.py``), so that labels
+    share what they learn and a rare label starts from what pre-training learned about its code."""
     age_basis: int = 32
     """Fine-tuning head (visit pooling): width of a learned basis of the age at the scored visit (GELU of a
     linear map of age / 10 and log(1 + age), in years) that the classifier reads beside Time2Vec(age), so that
@@ -101,6 +105,7 @@ HEAD_FIELDS = (
     "label_attention_keys",
     "history_max",
     "label_own_code",
+    "label_code_tie",
     "age_basis",
     "wide",
     "wide_time",

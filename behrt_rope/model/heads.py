@@ -12,7 +12,8 @@ from torch.nn import functional as F
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.encoder import BehrtEncoder, init_weights, positions_for
 from behrt_rope.model.label_attention import LabelAttention
-from behrt_rope.model.token_label_attention import TokenLabelAttention
+from behrt_rope.model.label_codes import LabelCodeMaps, label_vectors
+from behrt_rope.model.token_label_attention import TokenLabelAttention, label_id_tensor
 from behrt_rope.model.wide import WidePath
 from behrt_rope.schema import PAD_ID, SEP_ID
 
@@ -102,6 +103,8 @@ class BehrtForMultiLabel(nn.Module):
     * ``"mean"``: the mean of the real tokens' states of a bidirectional pass.
     """
 
+    label_codes: torch.Tensor | None  # (L,) long buffer with config.label_code_tie, else None
+
     def __init__(
         self,
         config: ModelConfig,
@@ -128,6 +131,11 @@ class BehrtForMultiLabel(nn.Module):
         )
         self.classifier = nn.Linear(pooled_size, num_labels)
         self.classifier.apply(init_weights)
+        # Label-code tying (config.label_code_tie, ``label_codes.py``): the classifier's rows get offsets from
+        # each label's code embedding; the label codes are a buffer, so a trained model carries them.
+        tie = visit and config.label_code_tie
+        self.register_buffer("label_codes", label_id_tensor(num_labels, label_token_ids) if tie else None)
+        self.classifier_tie = LabelCodeMaps(config.hidden_size, {"weight": pooled_size}) if tie else None
         self.wide = None
         if visit and config.wide:
             self.wide = WidePath(config.vocab_size, num_labels, config.wide_time, label_token_ids)
@@ -218,9 +226,17 @@ class BehrtForMultiLabel(nn.Module):
             raise ValueError("visit pooling needs score_at: the [SEP] positions to score")
         hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, visit_causal=True, sex=sex)
         features = self._visit_features(hidden, ages, score_at)  # (N, P)
-        logits = self.classifier(self.drop(features))  # (N, L)
+        vectors = None
+        if self.label_codes is not None and self.classifier_tie is not None:
+            vectors = label_vectors(self.encoder.embeddings.code.weight, self.label_codes)  # (L, H)
+            weight = self.classifier.weight + self.classifier_tie(vectors)["weight"]  # (L, P)
+            logits = F.linear(self.drop(features), weight.to(features.dtype), self.classifier.bias.to(features.dtype))
+        else:
+            logits = self.classifier(self.drop(features))  # (N, L)
         if isinstance(self.label_attention, TokenLabelAttention):
-            logits = logits + self.label_attention(self.drop(hidden), token_ids, visit_index, ages, score_at)
+            logits = logits + self.label_attention(
+                self.drop(hidden), token_ids, visit_index, ages, score_at, label_vectors=vectors
+            )
         elif self.label_attention is not None:
             positions = positions_for(self.config, visit_index, ages)  # (B, T)
             visit_end = token_ids == SEP_ID  # (B, T)

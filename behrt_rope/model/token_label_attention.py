@@ -36,12 +36,15 @@ Shapes: ``B`` patients, ``T`` tokens, ``V`` visits, ``N`` scored positions, ``L`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.encoder import DAYS_PER_YEAR, INIT_STD
+from behrt_rope.model.label_codes import LabelCodeMaps
 from behrt_rope.schema import N_SPECIAL
 
 KEY_SIZE = 16
@@ -61,6 +64,18 @@ def label_id_tensor(num_labels: int, label_token_ids: Sequence[int] | torch.Tens
     if ids.shape != (num_labels,):
         raise ValueError(f"label_token_ids must hold {num_labels} ids, got shape {tuple(ids.shape)}")
     return ids
+
+
+class LabelParameters(NamedTuple):
+    """The per-label parameters of one forward pass (the free ones, plus label-code offsets when tied)."""
+
+    query: torch.Tensor  # (nh, L, k)
+    value: torch.Tensor  # (nh * L, H) vote weights, row h * L + l
+    time_bias: torch.Tensor  # (nh, L, E)
+    time_value: torch.Tensor  # (E, nh, L)
+    sink_value: torch.Tensor  # (nh, L)
+    own_score: torch.Tensor | None  # (nh, L)
+    own_vote: torch.Tensor | None  # (nh, L)
 
 
 class TokenLabelAttention(nn.Module):
@@ -88,6 +103,12 @@ class TokenLabelAttention(nn.Module):
         self.own_vote = nn.Parameter(torch.zeros(nh, num_labels)) if config.label_own_code else None
         ids = label_id_tensor(num_labels, label_token_ids) if config.label_own_code else None
         self.register_buffer("label_token_ids", ids)
+        # Label-code tying (config.label_code_tie, ``label_codes.py``): shared maps from each label's code
+        # embedding to offsets of every per-label parameter above.
+        sizes = {"query": nh * k, "value": nh * config.hidden_size, "time": 2 * nh * E, "sink": nh}
+        if config.label_own_code:
+            sizes["own"] = 2 * nh
+        self.tie = LabelCodeMaps(config.hidden_size, sizes) if config.label_code_tie else None
         nn.init.normal_(self.key.weight, std=INIT_STD)
         nn.init.zeros_(self.key.bias)
         nn.init.zeros_(self.value.weight)
@@ -99,6 +120,7 @@ class TokenLabelAttention(nn.Module):
         visit_index: torch.Tensor,
         ages: torch.Tensor,
         score_at: torch.Tensor,
+        label_vectors: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Per-label logits at the scored positions.
 
@@ -108,28 +130,32 @@ class TokenLabelAttention(nn.Module):
             visit_index: ``(B, T)`` long visit numbers; a [SEP] carries the number of the visit it closes.
             ages: ``(B, T)`` float ages in years, one per visit (the ETL writes the visit's age on each token).
             score_at: ``(B, T)`` bool, the ``N`` [SEP] positions to score.
+            label_vectors: ``(L, H)`` the label codes' vectors (``label_codes.label_vectors``); required with
+                ``config.label_code_tie``, ignored without it.
 
         Returns:
             ``(N, L)`` logits, rows in row-major order of ``score_at``.
         """
         B, T, _ = hidden.shape
         nh, L = self.num_heads, self.num_labels
+        params = self.label_parameters(label_vectors)
         rows, cols = score_at.nonzero(as_tuple=True)  # (N,), (N,)
         keys = self.key(hidden).view(B, T, nh, KEY_SIZE)  # (B, T, nh, k)
         # What does not depend on the scored visit is computed once per patient, laid out (B, nh, L, T) like
         # the per-visit tensors, so the rest is elementwise work without permuted copies.
-        match = torch.einsum("hlk,bthk->bhlt", self.query.to(hidden.dtype), keys) * KEY_SIZE**-0.5
-        votes = self.value(hidden).view(B, T, nh, L).permute(0, 2, 3, 1)  # (B, nh, L, T)
-        if self.label_token_ids is not None and self.own_score is not None and self.own_vote is not None:
+        match = torch.einsum("hlk,bthk->bhlt", params.query.to(hidden.dtype), keys) * KEY_SIZE**-0.5
+        votes = F.linear(hidden, params.value.to(hidden.dtype)).view(B, T, nh, L).permute(0, 2, 3, 1)  # (B, nh, L, T)
+        if self.label_token_ids is not None and params.own_score is not None and params.own_vote is not None:
             own = (token_ids[:, None, :] == self.label_token_ids[None, :, None]).to(match.dtype)  # (B, L, T)
-            match = match + self.own_score.to(match.dtype)[None, :, :, None] * own[:, None]
-            votes = votes + self.own_vote.to(votes.dtype)[None, :, :, None] * own[:, None]
+            match = match + params.own_score.to(match.dtype)[None, :, :, None] * own[:, None]
+            votes = votes + params.own_vote.to(votes.dtype)[None, :, :, None] * own[:, None]
         visit_match, visit_votes, visit_age = _per_visit(match, votes, token_ids >= N_SPECIAL, visit_index, ages)
         scored_visit = visit_index[rows, cols]  # (N,)
         scored_age = ages[rows, cols]  # (N,)
         chunk = max(1, CHUNK_SCORES // max(1, nh * L * visit_match.shape[-1]))
         out = [
             self._score(
+                params,
                 visit_match[rows[s : s + chunk]],
                 visit_votes[rows[s : s + chunk]],
                 visit_age[rows[s : s + chunk]],
@@ -140,8 +166,35 @@ class TokenLabelAttention(nn.Module):
         ]
         return torch.cat(out) if out else hidden.new_zeros(0, L)
 
+    def label_parameters(self, label_vectors: torch.Tensor | None = None) -> LabelParameters:
+        """The per-label parameters, with the label-code offsets added when the head is tied."""
+        nh, L = self.num_heads, self.num_labels
+        own_score, own_vote = self.own_score, self.own_vote
+        params = LabelParameters(
+            self.query, self.value.weight, self.time_bias, self.time_value, self.sink_value, own_score, own_vote
+        )
+        if self.tie is None:
+            return params
+        if label_vectors is None:
+            raise ValueError("a head with label_code_tie needs label_vectors (label_codes.label_vectors)")
+        offsets = self.tie(label_vectors)  # {name: (L, size)}
+        time = offsets["time"].view(L, 2, nh, ELAPSED_SIZE)
+        if own_score is not None and own_vote is not None:
+            own = offsets["own"].view(L, 2, nh)
+            own_score, own_vote = own_score + own[:, 0].T, own_vote + own[:, 1].T
+        return LabelParameters(
+            query=params.query + offsets["query"].view(L, nh, KEY_SIZE).transpose(0, 1),
+            value=params.value + offsets["value"].view(L, nh, -1).transpose(0, 1).reshape(nh * L, -1),
+            time_bias=params.time_bias + time[:, 0].permute(1, 0, 2),
+            time_value=params.time_value + time[:, 1].permute(2, 1, 0),
+            sink_value=params.sink_value + offsets["sink"].T,
+            own_score=own_score,
+            own_vote=own_vote,
+        )
+
     def _score(
         self,
+        params: LabelParameters,
         visit_match: torch.Tensor,
         visit_votes: torch.Tensor,
         visit_age: torch.Tensor,
@@ -165,15 +218,15 @@ class TokenLabelAttention(nn.Module):
         visits = (scored_visit[:, None] - number).clamp(min=0).to(days.dtype)  # (n, V)
         e = self.elapsed(torch.stack([torch.log1p(days), torch.log1p(visits)], dim=-1).to(dtype))  # (n, V, E)
         # Time's share of the scores and of the votes in one matmul: (n, V, E) @ (E, 2 nh L) -> (n, 2 nh L, V).
-        time_maps = torch.cat([self.time_bias.permute(2, 0, 1), self.time_value], dim=1).flatten(1).to(dtype)
+        time_maps = torch.cat([params.time_bias.permute(2, 0, 1), params.time_value], dim=1).flatten(1).to(dtype)
         time_bias, time_votes = (e @ time_maps).transpose(1, 2).reshape(n, 2, nh, L, V).unbind(1)
         later = number[None, :] > scored_visit[:, None]  # (n, V)
         scores = (visit_match + time_bias).masked_fill(later[:, None, None, :], float("-inf"))  # (n, nh, L, V)
-        sink = torch.einsum("hlk,hk->hl", self.query.to(dtype), self.sink_key.to(dtype)) * KEY_SIZE**-0.5  # (nh, L)
+        sink = torch.einsum("hlk,hk->hl", params.query.to(dtype), self.sink_key.to(dtype)) * KEY_SIZE**-0.5  # (nh, L)
         sink = sink[None, :, :, None].expand(n, -1, -1, 1)  # (n, nh, L, 1)
         weights = torch.softmax(torch.cat([sink, scores], dim=-1), dim=-1)  # (n, nh, L, 1 + V)
         from_visits = (weights[..., 1:] * (visit_votes + time_votes)).sum(-1)  # (n, nh, L)
-        return (from_visits + weights[..., 0] * self.sink_value.to(dtype)).sum(1)  # (n, L)
+        return (from_visits + weights[..., 0] * params.sink_value.to(dtype)).sum(1)  # (n, L)
 
 
 def _per_visit(
