@@ -40,7 +40,9 @@ def _hidden(token_ids: torch.Tensor, size: int) -> torch.Tensor:
 def _attention(time_weight: float) -> TokenLabelAttention:
     """One head, one label: the query picks out CODE; its vote is 1 per CODE token; the time bias is
     ``time_weight`` x log(1 + days since the token)."""
-    config = ModelConfig(vocab_size=10, hidden_size=KEY_SIZE, num_heads=2, label_attention_heads=1)
+    config = ModelConfig(
+        label_code_tie=False, vocab_size=10, hidden_size=KEY_SIZE, num_heads=2, label_attention_heads=1
+    )
     attention = TokenLabelAttention(config, num_labels=1)
     with torch.no_grad():
         for p in attention.parameters():
@@ -61,7 +63,7 @@ def _logit(attention: TokenLabelAttention, code_days_before: float | None) -> fl
 
 
 def test_starts_silent():
-    config = ModelConfig(vocab_size=10, hidden_size=16, num_heads=2, label_attention_heads=2)
+    config = ModelConfig(label_code_tie=False, vocab_size=10, hidden_size=16, num_heads=2, label_attention_heads=2)
     attention = TokenLabelAttention(config, num_labels=3)
     batch = _patient(30.0)
     logits = attention(
@@ -123,7 +125,14 @@ def _token_level_reference(attention: TokenLabelAttention, hidden, token_ids, vi
 def test_per_visit_form_equals_the_token_level_formula(own_code: bool):
     """Scoring sums each visit's tokens first; with random weights it must match the token-by-token softmax."""
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=12, hidden_size=16, num_heads=2, label_attention_heads=2, label_own_code=own_code)
+    config = ModelConfig(
+        label_code_tie=False,
+        vocab_size=12,
+        hidden_size=16,
+        num_heads=2,
+        label_attention_heads=2,
+        label_own_code=own_code,
+    )
     attention = TokenLabelAttention(config, num_labels=3, label_token_ids=torch.tensor([5, 8, 11]))
     with torch.no_grad():
         for p in attention.parameters():
@@ -149,7 +158,14 @@ def test_per_visit_form_equals_the_token_level_formula(own_code: bool):
 def test_own_code_prior_finds_the_label_code_without_a_query():
     """With every learned weight at zero but the own-code biases, a label attends to and votes from the
     records of its own code, and only those: another code's records leave it at the sink."""
-    config = ModelConfig(vocab_size=10, hidden_size=KEY_SIZE, num_heads=2, label_attention_heads=1, label_own_code=True)
+    config = ModelConfig(
+        label_code_tie=False,
+        vocab_size=10,
+        hidden_size=KEY_SIZE,
+        num_heads=2,
+        label_attention_heads=1,
+        label_own_code=True,
+    )
     attention = TokenLabelAttention(config, num_labels=2, label_token_ids=torch.tensor([CODE, OTHER + 1]))
     with torch.no_grad():
         for p in attention.parameters():
@@ -166,6 +182,8 @@ def test_own_code_prior_finds_the_label_code_without_a_query():
 
 
 def test_own_code_ids_must_match_the_labels():
-    config = ModelConfig(vocab_size=10, hidden_size=16, num_heads=2, label_attention_heads=1, label_own_code=True)
+    config = ModelConfig(
+        label_code_tie=False, vocab_size=10, hidden_size=16, num_heads=2, label_attention_heads=1, label_own_code=True
+    )
     with pytest.raises(ValueError, match="must hold 3 ids"):
         TokenLabelAttention(config, num_labels=3, label_token_ids=torch.tensor([4, 5]))

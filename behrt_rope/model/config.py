@@ -14,8 +14,10 @@ class ModelConfig:
     """Number of token ids, special tokens included; set from the ETL vocabulary."""
     hidden_size: int = 128
     """Width of every token representation."""
-    num_layers: int = 4
-    """Number of transformer blocks."""
+    num_layers: int = 2
+    """Number of transformer blocks. 2 since session 8: with label-code tying, 2 blocks matched or beat 4 on
+    the tuning splits of both cohort families at half the training and scoring cost (docs/benchmarks.md,
+    "Seventh round")."""
     num_heads: int = 4
     """Attention heads; hidden_size must divide by it and the head size must be even (RoPE pairs)."""
     intermediate_size: int = 256
@@ -70,10 +72,12 @@ class ModelConfig:
     label's code), a copy prior so that "was this very code recorded, how often, how recently" is there from
     the first step instead of being found by a query; the model must be told the label codes. Tuning macro
     AP +0.0008 and +0.0026 on two tuning cohorts (docs/benchmarks.md, "Fourth round")."""
-    label_code_tie: bool = False
+    label_code_tie: bool = True
     """Fine-tuning head (visit pooling): each per-label parameter of the classifier and of the label attention
     is its free value plus a shared map of the label's own code embedding (``label_codes.py``), so that labels
-    share what they learn and a rare label starts from what pre-training learned about its code."""
+    share what they learn and a rare label starts from what pre-training learned about its code. Tuning macro
+    AP +0.0045 and level on two tuning cohorts, and much faster early learning (docs/benchmarks.md, "Seventh
+    round")."""
     age_basis: int = 32
     """Fine-tuning head (visit pooling): width of a learned basis of the age at the scored visit (GELU of a
     linear map of age / 10 and log(1 + age), in years) that the classifier reads beside Time2Vec(age), so that
