@@ -27,3 +27,18 @@ def test_help_shows_the_sections_real_defaults():
     lines = config_lib.describe(finetune.Config)
     epochs = next(line for line in lines if line.strip().startswith("trainer.max_epochs ="))
     assert f"= {finetune.Config().trainer.max_epochs!r}" in epochs
+
+
+def test_encoder_lr_scale_reaches_every_encoder_parameter_and_nothing_else():
+    from behrt_rope.model.config import ModelConfig
+    from behrt_rope.model.heads import BehrtForMultiLabel
+    from behrt_rope.training.config import TrainerConfig
+    from behrt_rope.training.optim import build_optimizer
+
+    model = BehrtForMultiLabel(ModelConfig(vocab_size=20, hidden_size=16, num_heads=2), 3, "visit", [5, 6, 7])
+    optimizer, _ = build_optimizer(model, TrainerConfig(learning_rate=2.0, encoder_lr_scale=0.25), total_steps=10)
+    peak_lr = {id(p): g["initial_lr"] for g in optimizer.param_groups for p in g["params"]}
+    encoder = {id(p) for p in model.encoder.parameters()}
+    assert set(peak_lr) == {id(p) for p in model.parameters()}
+    assert {peak_lr[i] for i in encoder} == {0.5}
+    assert {lr for i, lr in peak_lr.items() if i not in encoder} == {2.0}

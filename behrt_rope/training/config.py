@@ -20,6 +20,9 @@ class TrainerConfig:
     """Peak learning rate of AdamW, reached after the warm-up."""
     wide_lr_scale: float = 10.0
     """Learning-rate multiplier of the fine-tuning head's wide (bag-of-codes) linear path."""
+    encoder_lr_scale: float = 1.0
+    """Learning-rate multiplier of the encoder (embeddings and blocks), e.g. 0.3 to fine-tune a pre-trained
+    encoder more gently than the freshly initialised head."""
     weight_decay: float = 0.01
     """AdamW weight decay of linear layers' weight matrices (not of biases, norms or embedding tables)."""
     warmup_fraction: float = 0.1
