@@ -72,6 +72,12 @@ class ModelConfig:
     label's code), a copy prior so that "was this very code recorded, how often, how recently" is there from
     the first step instead of being found by a query; the model must be told the label codes. Tuning macro
     AP +0.0008 and +0.0026 on two tuning cohorts (docs/benchmarks.md, "Fourth round")."""
+    label_first_record: bool = False
+    """Fine-tuning head (token label attention): the code tokens that are the *first* record of their code in
+    the patient's history get a learned vector added to their state before the label attention reads them, so
+    a label's query can pick out when a condition was first recorded (how long it has been present) apart from
+    when it was last recorded (how recent it is). The marker depends only on earlier tokens, so visit-causal
+    scoring is unchanged."""
     label_code_tie: bool = True
     """Fine-tuning head (visit pooling): each per-label parameter of the classifier and of the label attention
     is its free value plus a shared map of the label's own code embedding (``label_codes.py``), so that labels
@@ -110,6 +116,7 @@ HEAD_FIELDS = (
     "history_max",
     "label_own_code",
     "label_code_tie",
+    "label_first_record",
     "age_basis",
     "wide",
     "wide_time",

@@ -76,6 +76,8 @@ class LabelParameters(NamedTuple):
     sink_value: torch.Tensor  # (nh, L)
     own_score: torch.Tensor | None  # (nh, L)
     own_vote: torch.Tensor | None  # (nh, L)
+    first_score: torch.Tensor | None = None  # (nh, L)
+    first_vote: torch.Tensor | None = None  # (nh, L)
 
 
 class TokenLabelAttention(nn.Module):
@@ -101,6 +103,11 @@ class TokenLabelAttention(nn.Module):
         # -1 (matches no token) until training sets them or a state dict is loaded.
         self.own_score = nn.Parameter(torch.zeros(nh, num_labels)) if config.label_own_code else None
         self.own_vote = nn.Parameter(torch.zeros(nh, num_labels)) if config.label_own_code else None
+        # First-record biases (config.label_first_record): on the score and the vote of the tokens that are the
+        # first record of their code, so a label can attend to when a condition was first recorded (how long it
+        # has been on file) apart from when it last was (how recent it is).
+        self.first_score = nn.Parameter(torch.zeros(nh, num_labels)) if config.label_first_record else None
+        self.first_vote = nn.Parameter(torch.zeros(nh, num_labels)) if config.label_first_record else None
         ids = label_id_tensor(num_labels, label_token_ids) if config.label_own_code else None
         self.register_buffer("label_token_ids", ids)
         # Label-code tying (config.label_code_tie, ``label_codes.py``): shared maps from each label's code
@@ -108,6 +115,8 @@ class TokenLabelAttention(nn.Module):
         sizes = {"query": nh * k, "value": nh * config.hidden_size, "time": 2 * nh * E, "sink": nh}
         if config.label_own_code:
             sizes["own"] = 2 * nh
+        if config.label_first_record:
+            sizes["first"] = 2 * nh
         self.tie = LabelCodeMaps(config.hidden_size, sizes) if config.label_code_tie else None
         nn.init.normal_(self.key.weight, std=INIT_STD)
         nn.init.zeros_(self.key.bias)
@@ -149,6 +158,10 @@ class TokenLabelAttention(nn.Module):
             own = (token_ids[:, None, :] == self.label_token_ids[None, :, None]).to(match.dtype)  # (B, L, T)
             match = match + params.own_score.to(match.dtype)[None, :, :, None] * own[:, None]
             votes = votes + params.own_vote.to(votes.dtype)[None, :, :, None] * own[:, None]
+        if params.first_score is not None and params.first_vote is not None:
+            first = first_records(token_ids).to(match.dtype)[:, None, None, :]  # (B, 1, 1, T)
+            match = match + params.first_score.to(match.dtype)[None, :, :, None] * first
+            votes = votes + params.first_vote.to(votes.dtype)[None, :, :, None] * first
         visit_match, visit_votes, visit_age = _per_visit(match, votes, token_ids >= N_SPECIAL, visit_index, ages)
         scored_visit = visit_index[rows, cols]  # (N,)
         scored_age = ages[rows, cols]  # (N,)
@@ -170,8 +183,17 @@ class TokenLabelAttention(nn.Module):
         """The per-label parameters, with the label-code offsets added when the head is tied."""
         nh, L = self.num_heads, self.num_labels
         own_score, own_vote = self.own_score, self.own_vote
+        first_score, first_vote = self.first_score, self.first_vote
         params = LabelParameters(
-            self.query, self.value.weight, self.time_bias, self.time_value, self.sink_value, own_score, own_vote
+            self.query,
+            self.value.weight,
+            self.time_bias,
+            self.time_value,
+            self.sink_value,
+            own_score,
+            own_vote,
+            first_score,
+            first_vote,
         )
         if self.tie is None:
             return params
@@ -182,6 +204,9 @@ class TokenLabelAttention(nn.Module):
         if own_score is not None and own_vote is not None:
             own = offsets["own"].view(L, 2, nh)
             own_score, own_vote = own_score + own[:, 0].T, own_vote + own[:, 1].T
+        if first_score is not None and first_vote is not None:
+            first = offsets["first"].view(L, 2, nh)
+            first_score, first_vote = first_score + first[:, 0].T, first_vote + first[:, 1].T
         return LabelParameters(
             query=params.query + offsets["query"].view(L, nh, KEY_SIZE).transpose(0, 1),
             value=params.value + offsets["value"].view(L, nh, -1).transpose(0, 1).reshape(nh * L, -1),
@@ -190,6 +215,8 @@ class TokenLabelAttention(nn.Module):
             sink_value=params.sink_value + offsets["sink"].T,
             own_score=own_score,
             own_vote=own_vote,
+            first_score=first_score,
+            first_vote=first_vote,
         )
 
     def _score(
@@ -227,6 +254,20 @@ class TokenLabelAttention(nn.Module):
         weights = torch.softmax(torch.cat([sink, scores], dim=-1), dim=-1)  # (n, nh, L, 1 + V)
         from_visits = (weights[..., 1:] * (visit_votes + time_votes)).sum(-1)  # (n, nh, L)
         return (from_visits + weights[..., 0] * params.sink_value.to(dtype)).sum(1)  # (n, L)
+
+
+def first_records(token_ids: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` bool: the code tokens whose id occurs at no earlier position of their row.
+
+    Depends only on earlier tokens, so a history cut at any visit marks its tokens as the whole row does.
+
+    >>> first_records(torch.tensor([[1, 7, 9, 2, 7, 8, 2, 0]])).int().tolist()
+    [[0, 1, 1, 0, 0, 1, 0, 0]]
+    """
+    sorted_ids, order = torch.sort(token_ids, dim=1, stable=True)  # equal ids keep their order
+    first = torch.ones_like(sorted_ids, dtype=torch.bool)
+    first[:, 1:] = sorted_ids[:, 1:] != sorted_ids[:, :-1]
+    return torch.zeros_like(first).scatter(1, order, first) & (token_ids >= N_SPECIAL)
 
 
 def _per_visit(
