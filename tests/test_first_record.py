@@ -46,7 +46,7 @@ def _two_records(first_visit: int) -> dict[str, torch.Tensor]:
     ids, visits, ages = [CLS_ID], [0], [48.0]
     for visit in range(3):
         codes = [OTHER] + ([CODE] if visit in (first_visit, 2) else [])
-        ids += codes + [SEP_ID]
+        ids += [*codes, SEP_ID]
         visits += [visit] * (len(codes) + 1)
         ages += [48.0 + visit] * (len(codes) + 1)
     score_at = [False] * (len(ids) - 1) + [True]

@@ -128,3 +128,23 @@ def test_samples_never_mix_splits(tmp_path):
 def test_task_config_validation(bad):
     with pytest.raises(ValueError):
         TaskConfig(**bad)
+
+
+def test_one_cut_reference_samples_one_visit_per_patient_and_reads_presence_age_visits(tmp_path):
+    """The classic logistic-regression reference of ``evaluate``: one seeded random cut per patient whatever
+    the task's sampling, and 0/1 code presence (not counts) with age, sex and log(1 + visits so far)."""
+    from pipelines.evaluate import _presence, one_cut_samples
+
+    seqs, tokens = _etl(tmp_path, patients=("p1", "p2", "p3"))
+    every = build_samples(seqs, TaskConfig())
+    one = one_cut_samples(seqs, TaskConfig(), seed=0)
+    assert len(every) == 12 and len(one) == 3 and sorted(one.rows.tolist()) == [0, 1, 2]
+    assert set(zip(one.rows.tolist(), one.cuts.tolist())) <= set(zip(every.rows.tolist(), every.cuts.tolist()))
+    assert np.array_equal(one_cut_samples(seqs, TaskConfig(), seed=0).cuts, one.cuts)  # seeded
+    matrix, dense = _presence(seqs, every, len(tokens))
+    a01 = tokens.index("A01")
+    third = int(np.flatnonzero((every.rows == 0) & (every.cuts == every.cuts[every.rows == 0].max()))[0])
+    assert matrix[third, a01] == 1.0  # A01 twice in the history: presence, not a count
+    assert dense.shape == (12, 6)
+    visits = np.sort(np.unique(np.expm1(dense[:, -1]).round(6)))
+    assert visits.tolist() == [1.0, 2.0, 3.0, 4.0]  # cuts after visits 1 to 4 of 5
