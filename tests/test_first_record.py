@@ -99,3 +99,26 @@ def test_lets_a_label_read_how_long_its_code_has_been_on_file():
     assert older > newer
     assert abs(older - float(days[0])) < 0.05
     assert abs(newer - float((days[0] + days[1]) / 2)) < 0.05
+
+
+def test_tied_head_gives_the_first_record_biases_label_code_offsets():
+    """With label-code tying the biases get offsets from the label codes (zero at the start, then learned)."""
+    config = ModelConfig(
+        label_code_tie=True,
+        label_first_record=True,
+        vocab_size=12,
+        hidden_size=16,
+        num_heads=2,
+        label_attention_heads=2,
+    )
+    attention = TokenLabelAttention(config, num_labels=3)
+    vectors = torch.randn(3, 16)
+    params = attention.label_parameters(vectors)
+    assert params.first_score is not None and params.first_score.shape == (2, 3)
+    assert torch.equal(params.first_score, attention.first_score)  # the shared maps start at zero
+    assert attention.tie is not None
+    with torch.no_grad():
+        for p in attention.tie.parameters():
+            p.fill_(0.1)
+    moved = attention.label_parameters(vectors)
+    assert moved.first_vote is not None and not torch.equal(moved.first_vote, attention.first_vote)

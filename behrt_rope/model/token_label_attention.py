@@ -7,8 +7,8 @@ vector; a mean over ``n`` tokens dilutes a single recorded code ``n`` times. Her
 own learned query that scores every code token ``t`` of the history, and the score carries a learned,
 label-specific function of the time elapsed between ``t`` and the scored visit:
 
-    score(l, t) = q_l . K h_t / sqrt(k) + a_l . e(t)  [+ s_l if t is l's own code]
-    vote(l, t)  = u_l . h_t + c_l . e(t)              [+ o_l if t is l's own code]
+    score(l, t) = q_l . K h_t / sqrt(k) + a_l . e(t)  [+ s_l if t is l's own code] [+ f_l if t is a first record]
+    vote(l, t)  = u_l . h_t + c_l . e(t)              [+ o_l if t is l's own code] [+ g_l if t is a first record]
     logit_l    += sum_heads [ softmax_t'(sink_l, score(l, t')) . (v_sink_l, vote(l, t')) ]
 
 with ``e(t)`` learned features of ``log(1 + days since t)`` and ``log(1 + visits since t)``. The softmax
@@ -16,7 +16,9 @@ picks out the tokens relevant to ``l`` (typically ``l`` itself and what predicts
 label prefer recent or old records; a learned *sink* takes the weight when nothing relevant was recorded,
 so the mass on real tokens grows with how often they were recorded. With ``config.label_own_code`` a label
 also has a learned score and vote bias (``s_l``, ``o_l``, per head) on the records of its own code: a copy
-prior, since a diagnosis already on file is the first thing that predicts it. The same mechanism as CAML/LAAT's
+prior, since a diagnosis already on file is the first thing that predicts it. With ``config.label_first_record``
+a label also has a learned score and vote bias on every code's *first* record (``first_records``), so it can
+attend to when a condition was first recorded apart from when it last was. The same mechanism as CAML/LAAT's
 label-wise attention (Mullenbach et al. 2018; Vu et al. 2020) with time in the scores, as in time-aware
 attention for EHRs (e.g. Bai et al. 2018).
 
