@@ -199,6 +199,27 @@ def test_evaluate_against_the_oracle(oracle_run):
 
 
 @pytest.mark.slow
+def test_demo_headline_names_every_reference_and_both_gap_shares(visits_run, oracle_run, tmp_path):
+    """The summary `make demo` prints: one column per reference model the evaluation wrote (a new reference
+    once broke it), and per predictor at the oracle's cuts the gap closed from both logistic regressions."""
+    from pipelines.demo import ceiling_lines, headline
+
+    _, d = visits_run
+    for stage_name, source in (("evaluate", d["eval"]), ("pretrain", d["pre"]), ("etl", d["etl"])):
+        (tmp_path / stage_name).symlink_to(source)
+    text = headline(tmp_path)
+    assert "LogReg" in text and "LogReg1cut" in text and "GradBoost" in text
+    assert f"{read_metrics(d['eval'])['model']['overall']['macro_ap']:.4f}" in text
+    _, ev = oracle_run
+    ceiling = read_metrics(ev)["ceiling"]
+    lines = ceiling_lines(ceiling)
+    model = ceiling["predictors"]["model"]
+    shares = [f"{100 * model[key]['point']:.0f}%" for key in ("gap_closed", "gap_closed_one_cut")]
+    assert any(line.strip().startswith("BEHRT-RoPE") and line.endswith(" / ".join(shares)) for line in lines)
+    assert len(lines) == 1 + len(ceiling["predictors"]) and ceiling_lines(None) == []
+
+
+@pytest.mark.slow
 def test_oracle_refused_when_the_etl_merges_its_codes(oracle_run, visits_run, capsys):
     """Cut to 3 characters, two catalogue codes of E11 become one token: the oracle has no probability for
     "either", so evaluation stops with the reason rather than report a false ceiling."""
