@@ -1,4 +1,4 @@
-"""``behrt-rope evaluate``: held-out metrics and report, beside two reference models and (synthetic) a ceiling.
+"""``behrt-rope evaluate``: held-out metrics and report, beside three reference models and (synthetic) a ceiling.
 
 The references are fitted on the train split's samples of the same task: a bag-of-codes logistic regression
 and gradient boosting on time features (``behrt_rope.evaluation.baseline``), plus the classic set-up of the
