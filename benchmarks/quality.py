@@ -41,6 +41,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from behrt_rope.evaluation.ceiling import format_share  # noqa: E402
+
 COHORTS: dict[str, list[str]] = {
     "default": ["--seed", "2024"],
     "short_sparse": [
@@ -210,16 +214,6 @@ def _with_ci(overall: dict[str, Any], key: str) -> dict[str, Any]:
     return {"point": overall[key], "ci": (overall.get("ci") or {}).get(key)}
 
 
-def _share(gap: dict[str, Any] | None) -> str:
-    """A gap-closed entry as "63% (52% to 73%)", or "–"."""
-    if not gap or gap.get("point") is None:
-        return "–"
-    text = f"{100 * gap['point']:.0f}%"
-    if None not in (gap.get("ci") or [None]):
-        text += f" ({100 * gap['ci'][0]:.0f}% to {100 * gap['ci'][1]:.0f}%)"
-    return text
-
-
 def markdown(results: dict[str, Any]) -> str:
     """The docs table: one row per cohort and predictor, at the oracle's cuts."""
     lines = [
@@ -234,8 +228,8 @@ def markdown(results: dict[str, Any]) -> str:
             ci = f" ({ap['ci'][0]:.3f}-{ap['ci'][1]:.3f})" if ap["ci"] else ""
             lines.append(
                 f"| {cohort} | {p} | {ap['point']:.3f}{ci} | {e['micro_ap']['point']:.3f} | "
-                f"{e['macro_auroc']['point']:.3f} | {_share(e['gap_closed'])} "
-                f"| {_share(e.get('gap_closed_one_cut'))} |"
+                f"{e['macro_auroc']['point']:.3f} | {format_share(e['gap_closed'])} "
+                f"| {format_share(e.get('gap_closed_one_cut'))} |"
             )
     lines += [
         "",

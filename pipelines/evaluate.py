@@ -37,7 +37,7 @@ from behrt_rope.evaluation.baseline import (
     fit_predict_gbm,
     sex_features,
 )
-from behrt_rope.evaluation.ceiling import ORACLE, gap_closed, oracle_matrix, read_oracle
+from behrt_rope.evaluation.ceiling import ORACLE, format_share, gap_closed, oracle_matrix, read_oracle
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
 from behrt_rope.evaluation.time_features import time_features
 from behrt_rope.stage import is_done, require_done, stage, write_json
@@ -292,14 +292,15 @@ def _etl_settings(etl_dir: str) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _bag(seqs: Sequences, samples: Samples, vocab_size: int) -> tuple[sp.csr_matrix, np.ndarray]:
-    """log(1 + count) of each code in each sample's input, and its dense columns: the age at the prediction
-    time (``age_features``) and the patient's sex (``sex_features``), (N, 5)."""
+def _bag(seqs: Sequences, samples: Samples, vocab_size: int, binary: bool = False) -> tuple[sp.csr_matrix, np.ndarray]:
+    """log(1 + count) (``binary``: 0/1 presence) of each code in each sample's input, and its dense columns:
+    the age at the prediction time (``age_features``) and the patient's sex (``sex_features``), (N, 5)."""
     starts = seqs.offsets[samples.rows]
     offsets = np.concatenate([[0], np.cumsum(samples.cuts)])
     positions = ragged_positions(starts, samples.cuts)
-    matrix = bag_of_codes(seqs.token_ids[positions], vocab_size, offsets, binary=False)
-    matrix.data = np.log1p(matrix.data)
+    matrix = bag_of_codes(seqs.token_ids[positions], vocab_size, offsets, binary=binary)
+    if not binary:
+        matrix.data = np.log1p(matrix.data)
     last = starts + samples.cuts - 1
     return matrix, np.hstack([age_features(seqs.ages[last]), sex_features(seqs.sex[last])])
 
@@ -313,8 +314,7 @@ def one_cut_samples(train: Sequences, task: TaskConfig, seed: int) -> Samples:
 def _presence(seqs: Sequences, samples: Samples, vocab_size: int) -> tuple[sp.csr_matrix, np.ndarray]:
     """Whether each code is in each sample's input (0/1), and its dense columns: age (``age_features``), sex
     (``sex_features``) and log(1 + visits so far), (N, 6)."""
-    matrix, dense = _bag(seqs, samples, vocab_size)
-    matrix.data[:] = 1.0
+    matrix, dense = _bag(seqs, samples, vocab_size, binary=True)
     last = seqs.offsets[samples.rows] + samples.cuts - 1
     visits = np.log1p(seqs.visit_index[last].astype(float) + 1.0)[:, None]
     return matrix, np.hstack([dense, visits])
@@ -357,8 +357,8 @@ def _log_headline(
         log.info("evaluate: %s", line(name, evaluation["overall"]))
     if ceiling is not None:
         for name, entry in ceiling["predictors"].items():
-            closed = [(entry.get(key) or {}).get("point") for key in ("gap_closed", "gap_closed_one_cut")]
-            shares = " / ".join(f"{100 * share:.0f}%" if share is not None else "n/a" for share in closed)
+            gaps = (entry.get("gap_closed"), entry.get("gap_closed_one_cut"))
+            shares = " / ".join(format_share(gap, ci=False, missing="n/a") for gap in gaps)
             log.info(
                 "evaluate: at oracle cuts, %s; gap closed %s (from the every-visit / one-cut logistic regression)",
                 line(name, entry["overall"]),

@@ -87,6 +87,23 @@ def oracle_matrix(
     return matched, probs
 
 
+def format_share(gap: Mapping[str, Any] | None, ci: bool = True, missing: str = "–") -> str:
+    """A :func:`gap_closed` entry as text: ``"63% (52% to 73%)"`` (``ci=False``: ``"63%"``), or ``missing``
+    when there is no share.
+
+    >>> format_share({"point": 0.634, "ci": [0.52, 0.731]}), format_share({"point": 0.634}), format_share(None)
+    ('63% (52% to 73%)', '63%', '–')
+    """
+    share = (gap or {}).get("point")
+    if share is None:
+        return missing
+    text = f"{100 * share:.0f}%"
+    low, high = ((gap or {}).get("ci") or [None, None])[:2]
+    if ci and low is not None and high is not None and np.isfinite([low, high]).all():
+        text += f" ({100 * low:.0f}% to {100 * high:.0f}%)"
+    return text
+
+
 def gap_closed(evaluations: Mapping[str, Mapping[str, Any]], low: str, metric: str = "macro_ap") -> dict[str, Any]:
     """Per predictor, the share of the ``low`` -> oracle gap on ``metric`` it closes, with a paired interval.
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from behrt_rope import atomic, schema
 from behrt_rope.evaluation import plots
+from behrt_rope.evaluation.ceiling import format_share
 from behrt_rope.evaluation.metrics import CI_LEVEL, percentile_interval
 
 BASELINE_NAME = "Bag-of-codes logistic regression"
@@ -324,9 +325,9 @@ def _ceiling_section(inputs: ReportInputs, model_name: str) -> str:
     rows = []
     for key, entry in ceiling["predictors"].items():
         row = [names.get(key, key)] + [_overall_ci(entry, k) for k in REFERENCE_METRICS]
-        row.append(_share(entry.get("gap_closed")))
+        row.append(format_share(entry.get("gap_closed")))
         if one_cut:
-            row.append(_share(entry.get("gap_closed_one_cut")))
+            row.append(format_share(entry.get("gap_closed_one_cut")))
         rows.append(row)
     headers = ["Predictor"] + [f"{METRIC_LABELS[k]} (95% CI)" for k in REFERENCE_METRICS]
     headers.append("Gap closed, logistic regression to oracle (95% CI)")
@@ -341,16 +342,6 @@ def _ceiling_section(inputs: ReportInputs, model_name: str) -> str:
         "stricter yardstick) and, where shown, from the classic one fitted on one cut per patient."
     )
     return _section("Against the ceiling (synthetic data)", _p(intro), _table(headers, rows))
-
-
-def _share(gap: Mapping[str, Any] | None) -> str:
-    """A gap-closed entry (``point``, ``ci``) as "63% (52% to 73%)", or "–"."""
-    share = (gap or {}).get("point")
-    if share is None:
-        return "–"
-    low, high = ((gap or {}).get("ci") or [None, None])[:2]
-    text = f"{100 * share:.0f}%"
-    return text + f" ({100 * low:.0f}% to {100 * high:.0f}%)" if _is_num(low) and _is_num(high) else text
 
 
 HOW_TO_READ = (

@@ -73,11 +73,11 @@ class ModelConfig:
     the first step instead of being found by a query; the model must be told the label codes. Tuning macro
     AP +0.0008 and +0.0026 on two tuning cohorts (docs/benchmarks.md, "Fourth round")."""
     label_first_record: bool = False
-    """Fine-tuning head (token label attention): the code tokens that are the *first* record of their code in
-    the patient's history get a learned vector added to their state before the label attention reads them, so
-    a label's query can pick out when a condition was first recorded (how long it has been present) apart from
-    when it was last recorded (how recent it is). The marker depends only on earlier tokens, so visit-causal
-    scoring is unchanged."""
+    """Fine-tuning head (token label attention): each label also learns, per head, a score and a vote bias on
+    the code tokens that are the *first* record of their code in the patient's history, so it can attend to
+    when a condition was first recorded (how long it has been on file) apart from when it was last recorded
+    (how recent it is). The marker depends only on earlier tokens, so visit-causal scoring is unchanged. Off:
+    level and -0.003 tuning macro AP on two tuning cohorts (docs/benchmarks.md, "Eighth round")."""
     label_code_tie: bool = True
     """Fine-tuning head (visit pooling): each per-label parameter of the classifier and of the label attention
     is its free value plus a shared map of the label's own code embedding (``label_codes.py``), so that labels
