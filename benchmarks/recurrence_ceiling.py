@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -77,8 +78,63 @@ def design(sim: RecurrenceSimulation, idx: np.ndarray, day: np.ndarray) -> np.nd
     return np.concatenate([np.stack(cols, axis=-1), slots], axis=-1)
 
 
-def collect(cfg: SynthConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every visit after a patient's first: (patient, visit number, design, outcome, day of the visit before)."""
+AGE_EDGES = (10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0)
+"""Age bins (years) of :func:`binned_design`."""
+YEARS_EDGES = (1.0, 2.0, 3.0, 5.0, 8.0)
+"""Bins of years since a code was first recorded (own code and trigger parents)."""
+SINCE_EDGES = (1.5, 2.5, 3.5, 4.5, 5.5)
+"""Bins of visits since a code was last recorded (1, 2, ..., 6 or more)."""
+GAP_EDGES = (14.0, 30.0, 90.0)
+"""Bins of days between the previous two visits (the follow-up term)."""
+
+
+def _bins(values: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
+    """One-hot of the bin of each value: shape ``values.shape + (len(edges) + 1,)``."""
+    return np.eye(len(edges) + 1)[np.digitize(values, edges)]
+
+
+def binned_design(sim: RecurrenceSimulation, idx: np.ndarray, day: np.ndarray) -> np.ndarray:
+    """(patients, codes, 40) the same quantities as :func:`design` in shape-free bins.
+
+    What a learner knows that is told *which* codes trigger which (the structure) but none of the catalogue's
+    shapes: no code's age peak, recency decay, follow-up scale or trigger delay and ramp; each enters as
+    indicator bins of its raw quantity, whose weights the regression learns per code from the data.
+    """
+    cat = sim.cat
+    age = (day - sim.birth[idx]) / DAYS_PER_YEAR
+    count = sim.count[idx]
+    seen = (count > 0).astype(float)[..., None]  # (n, k, 1)
+    years_first = np.nan_to_num((day[:, None] - sim.first_day[idx]) / DAYS_PER_YEAR, nan=0.0)
+    since = sim.visits[idx, None] - sim.last_visit[idx]
+    shape = seen.shape[:2]
+    gap = np.broadcast_to(sim.last_gap[idx, None], shape)
+    cols = [
+        np.broadcast_to(_bins(age, AGE_EDGES)[:, None, :], (*shape, len(AGE_EDGES) + 1)),
+        np.broadcast_to(sim.female[idx, None, None], (*shape, 1)).astype(float),
+        np.broadcast_to(np.log1p(sim.visits[idx, None, None]) / 3.0, (*shape, 1)),
+        seen,
+        seen * _bins(years_first, YEARS_EDGES),
+        seen * np.log1p(count)[..., None],
+        seen * _bins(since, SINCE_EDGES),
+        seen * (since == 1)[..., None] * _bins(gap, GAP_EDGES),
+    ]
+    parent = seen[:, cat.trigger_parent] * _bins(years_first[:, cat.trigger_parent], YEARS_EDGES)  # (n, links, 6)
+    slots = np.zeros((len(idx), len(cat.codes), 2, len(YEARS_EDGES) + 1))  # each code has at most 2 triggers
+    used = np.zeros(len(cat.codes), dtype=int)
+    for link, child in enumerate(cat.trigger_child):
+        slots[:, child, used[child]] = parent[:, link]
+        used[child] += 1
+    slots = slots.reshape(len(idx), len(cat.codes), 2 * (len(YEARS_EDGES) + 1))
+    return np.concatenate([*cols, slots], axis=-1).astype(np.float32)
+
+
+def collect(
+    cfg: SynthConfig, features: Callable[[RecurrenceSimulation, np.ndarray, np.ndarray], np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every visit after a patient's first: (patient, visit number, design, outcome, day of the visit before).
+
+    ``features`` makes the design (default :func:`design`, the true form; :func:`binned_design`: shape-free)."""
+    features = features or design
     cat = draw_catalogue(cfg)
     sim = RecurrenceSimulation(cfg, np.random.default_rng(cfg.seed), cat)
     parts: list[tuple[np.ndarray, ...]] = []
@@ -89,7 +145,7 @@ def collect(cfg: SynthConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
         pending.update(
             keep=keep,
             visit=sim.visits[idx[keep]].copy(),
-            x=design(sim, idx[keep], day[keep]),
+            x=features(sim, idx[keep], day[keep]),
             prev=sim.t_prev[idx[keep]].copy(),
         )
 
@@ -110,8 +166,17 @@ def main() -> None:
     parser.add_argument(
         "--drop", nargs="*", default=[], choices=FEATURES, help="leave these features out (what do they carry?)"
     )
+    parser.add_argument(
+        "--shapes",
+        choices=("true", "binned"),
+        default="true",
+        help="true: the catalogue's shapes (the fitted true form); binned: the same structure, shapes learned "
+        "from indicator bins (binned_design)",
+    )
     parser.add_argument("overrides", nargs="*", help="synth settings as key=value (e.g. visit_rate=0.35)")
     args = parser.parse_args()
+    if args.shapes == "binned" and args.drop:
+        parser.error("--drop names columns of the true form; it does not combine with --shapes binned")
     settings = dict(kv.split("=", 1) for kv in args.overrides)
     cfg = SynthConfig(patients=args.patients, seed=args.seed, process="recurrence")
     for key, value in settings.items():
@@ -122,6 +187,8 @@ def main() -> None:
     seen, visits = FEATURES.index("seen"), FEATURES.index("visit_count")
     bag = np.concatenate([x[:, :, seen], x[:, 0, visits : visits + 1]], axis=1)  # presence of every code, visits
     x = x[:, :, [i for i, name in enumerate(FEATURES) if name not in args.drop]]
+    if args.shapes == "binned":
+        x = collect(cfg, binned_design)[2]  # the same seeded simulation, so the same rows
     split = load_tokens(args.etl).patients.set_index(S.PATIENT_ID)[S.SPLIT]
     ids = patient_ids(cfg.patients)
     split_of = split.reindex(ids).to_numpy()[patient]
