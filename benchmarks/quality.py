@@ -71,7 +71,14 @@ COHORTS: dict[str, list[str]] = {
         "synth.noise_codes_per_visit=1.2",
     ],
 }
-PREDICTORS = ("model", "logistic_regression", "logistic_regression_one_cut", "gradient_boosting", "oracle")
+PREDICTORS = (
+    "model",
+    "logistic_regression",
+    "logistic_regression_one_cut",
+    "gradient_boosting",
+    "sparse_time_regression",
+    "oracle",
+)
 
 
 def stage(command: str, *args: str) -> dict[str, float]:
@@ -169,6 +176,7 @@ def run_cohort(
             f"oracle={d['cohort']}",
             "progress=false",
             "gradient_boosting=false",
+            "sparse_time_regression=false",
         )
     metrics = json.loads((d["evaluate"] / "metrics.json").read_text())
     finetune = json.loads((d["finetune"] / "metrics.json").read_text())

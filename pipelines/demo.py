@@ -25,6 +25,7 @@ SHORT = {
     "logistic_regression": "LogReg",
     "logistic_regression_one_cut": "LogReg1cut",
     "gradient_boosting": "GradBoost",
+    "sparse_time_regression": "SparseTime",
     "oracle": "Oracle",
 }
 SYNTHETIC_NOTE = (

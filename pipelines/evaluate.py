@@ -39,6 +39,7 @@ from behrt_rope.evaluation.baseline import (
 )
 from behrt_rope.evaluation.ceiling import ORACLE, format_share, gap_closed, oracle_matrix, read_oracle
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
+from behrt_rope.evaluation.sparse_time import DEFAULT_C, fit_predict_sparse_time
 from behrt_rope.evaluation.time_features import time_features
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle
@@ -47,10 +48,12 @@ from behrt_rope.training.inference import multilabel_model, resolve_device, scor
 log = logging.getLogger("behrt_rope.evaluate")
 MODEL, LOGISTIC, GBM = "model", "logistic_regression", "gradient_boosting"
 LOGISTIC_ONE_CUT = "logistic_regression_one_cut"
+SPARSE_TIME = "sparse_time_regression"
 REFERENCE_NAMES = {
     LOGISTIC: "Bag-of-codes logistic regression",
     LOGISTIC_ONE_CUT: "Logistic regression, one cut per patient",
     GBM: "Gradient boosting on time features",
+    SPARSE_TIME: "Sparse (L1) regression on binned timing of every code",
 }
 TASK_TITLES = {
     "next_visit": "Diagnoses recorded at the next visit",
@@ -83,6 +86,11 @@ class Config:
     """Fit the reference models on at most this many train samples (a seeded subsample), to bound their time."""
     gradient_boosting: bool = True
     """Also fit the gradient-boosted reference on time features (one tree model per label code)."""
+    sparse_time_regression: bool = True
+    """Also fit the sparse time regression (``behrt_rope/evaluation/sparse_time.py``): an L1 logistic regression
+    per label code on binned time features of its own code and of every other label code."""
+    sparse_time_c: float = DEFAULT_C
+    """Inverse L1 strength of the sparse time regression."""
     oracle: str = ""
     """A `behrt-rope synth ... oracle=true` output directory (or its oracle.parquet): adds the ceiling."""
     notes: str = ""
@@ -239,14 +247,16 @@ def _references(
         extra_train=dense_one,
         extra_eval=dense_eval_one,
     )
+    if config.gradient_boosting or config.sparse_time_regression:
+        train_times = time_features(train, train_samples, label_of_token)
+        eval_times = time_features(held, samples, label_of_token)
     if config.gradient_boosting:
         log.info("evaluate: fitting gradient boosting on time features, %d labels", y_train.shape[1])
-        out[GBM] = fit_predict_gbm(
-            time_features(train, train_samples, label_of_token),
-            y_train,
-            time_features(held, samples, label_of_token),
-            seed=config.seed,
-            progress=config.progress,
+        out[GBM] = fit_predict_gbm(train_times, y_train, eval_times, seed=config.seed, progress=config.progress)
+    if config.sparse_time_regression:
+        log.info("evaluate: fitting the sparse time regression, %d labels", y_train.shape[1])
+        out[SPARSE_TIME] = fit_predict_sparse_time(
+            train_times, y_train, eval_times, c=config.sparse_time_c, progress=config.progress
         )
     return out
 

@@ -52,7 +52,12 @@ def test_evaluate_writes_metrics_and_a_readable_report(visits_run):
     _, d = visits_run
     metrics = read_metrics(d["eval"])
     sides = [metrics["model"], *metrics["baselines"].values()]
-    assert set(metrics["baselines"]) == {"logistic_regression", "logistic_regression_one_cut", "gradient_boosting"}
+    assert set(metrics["baselines"]) == {
+        "logistic_regression",
+        "logistic_regression_one_cut",
+        "gradient_boosting",
+        "sparse_time_regression",
+    }
     for side in sides:
         overall = side["overall"]
         assert 0.0 <= overall["macro_ap"] <= 1.0 and 0.0 <= overall["micro_auroc"] <= 1.0
@@ -177,6 +182,7 @@ def test_evaluate_against_the_oracle(oracle_run):
         "logistic_regression",
         "logistic_regression_one_cut",
         "gradient_boosting",
+        "sparse_time_regression",
         "oracle",
     }
     assert 0 < ceiling["n_samples"] == ceiling["n_patients"]  # one cut per held-out patient
@@ -196,6 +202,7 @@ def test_evaluate_against_the_oracle(oracle_run):
     html = (ev / S.REPORT_FILE).read_text()
     assert "Against the ceiling (synthetic data)" in html and "Oracle (true probabilities)" in html
     assert "Gap closed, one-cut logistic regression to oracle" in html
+    assert "Sparse (L1) regression on binned timing of every code" in html
 
 
 @pytest.mark.slow
@@ -208,7 +215,7 @@ def test_demo_headline_names_every_reference_and_both_gap_shares(visits_run, ora
     for stage_name, source in (("evaluate", d["eval"]), ("pretrain", d["pre"]), ("etl", d["etl"])):
         (tmp_path / stage_name).symlink_to(source)
     text = headline(tmp_path)
-    assert "LogReg" in text and "LogReg1cut" in text and "GradBoost" in text
+    assert all(name in text for name in ("LogReg", "LogReg1cut", "GradBoost", "SparseTime"))
     assert f"{read_metrics(d['eval'])['model']['overall']['macro_ap']:.4f}" in text
     _, ev = oracle_run
     ceiling = read_metrics(ev)["ceiling"]

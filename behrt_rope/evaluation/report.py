@@ -321,6 +321,7 @@ def _ceiling_section(inputs: ReportInputs, model_name: str) -> str:
     names.update({"logistic_regression": "Bag-of-codes logistic regression"})
     names.update({"logistic_regression_one_cut": "Logistic regression, one cut per patient"})
     names.update({"gradient_boosting": "Gradient boosting on time features"})
+    names.update({"sparse_time_regression": "Sparse (L1) regression on binned timing of every code"})
     one_cut = any(entry.get("gap_closed_one_cut") for entry in ceiling["predictors"].values())
     rows = []
     for key, entry in ceiling["predictors"].items():

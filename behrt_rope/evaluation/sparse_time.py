@@ -1,0 +1,127 @@
+"""The sparse time regression: an L1 logistic regression on binned time features of every label code.
+
+The gradient-boosted reference reads, per label, that label's own time features and only *whether* each
+other code was ever recorded. Many effects in health records are about the timing of *another* code (a
+complication that appears some years after its parent condition was first recorded), and they are sparse:
+of all code pairs, few matter. This reference reads the timing of every label code as indicator bins, so a
+linear model can learn each shape, and an L1 penalty picks the few pairs that matter among them:
+
+* per label ``j``, its own code: ever recorded, log(1 + visits with it), visits since last recorded
+  (0, 1, ..., 5+), days since (bins at 30, 90, 365 and 1,095 days), years since first recorded (bins at 1, 2,
+  3, 5 and 8 years), recorded at the last visit (20 columns);
+* shared by all labels, every label code: years since first recorded in the same bins (0 when never) and
+  recorded at the last visit (7 per code);
+* per sample: age in 10-year bins, sex, log(1 + visits so far), days since the previous visit in bins (18).
+
+Built from :class:`~behrt_rope.evaluation.time_features.TimeFeatures`, the gradient-boosted reference's
+own inputs; nothing is specific to a cohort. On the recurrence benchmark cohort it closed 82% of the
+logistic-regression-to-oracle gap at the held-out cuts, where the transformer closed 66% and gradient
+boosting 63% (docs/benchmarks.md, "Ninth round").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import sklearn
+from joblib import Parallel, delayed
+from sklearn.linear_model import LogisticRegression
+from tqdm.auto import tqdm
+
+from behrt_rope.evaluation.time_features import TimeFeatures
+
+VISITS_EDGES = (0.5, 1.5, 2.5, 3.5, 4.5)
+"""Visits since a code was last recorded: 0 (at the last visit), 1, 2, 3, 4, 5 or more."""
+DAYS_EDGES = (30.0, 90.0, 365.0, 1095.0)
+"""Days since a code was last recorded."""
+YEARS_EDGES = (1.0, 2.0, 3.0, 5.0, 8.0)
+"""Years since a code was first recorded."""
+AGE_EDGES = (10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0)
+"""Age at the prediction time, years."""
+GAP_EDGES = (14.0, 30.0, 90.0, 365.0)
+"""Days since the previous visit."""
+DEFAULT_C = 0.1
+"""Inverse L1 strength; chosen on the tuning splits of two cohorts (docs/benchmarks.md, "Ninth round")."""
+
+
+def bins(values: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
+    """One-hot bin of each value, ``values.shape + (len(edges) + 1,)`` float32; NaN (never recorded) -> zeros.
+
+    >>> bins(np.array([0.2, 3.0, np.nan]), (1.0, 2.0)).tolist()
+    [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]
+    """
+    values = np.asarray(values, dtype=np.float64)
+    out = np.eye(len(edges) + 1, dtype=np.float32)[np.digitize(np.nan_to_num(values, nan=0.0), edges)]
+    return np.where(np.isnan(values)[..., None], np.float32(0.0), out)
+
+
+def shared_design(features: TimeFeatures) -> sp.csr_matrix:
+    """``(N, 7 L + 18)`` the columns every label reads: each label code's timing and the per-sample bins."""
+    per_code = features.per_code  # (N, L, 6): ever, n_visits, visits_since, days_since, years_since_first, in_last
+    n = len(features)
+    timing = np.concatenate([bins(per_code[:, :, 4], YEARS_EDGES), per_code[:, :, 5:6]], axis=2).reshape(n, -1)
+    age, visits, gap, sex = (features.per_sample[:, i] for i in range(4))
+    sample = [
+        bins(age, AGE_EDGES),  # (N, 9)
+        (sex[:, None] == np.arange(1, 4)).astype(np.float32),  # (N, 3): female, male, other (0 is unknown)
+        np.log1p(visits)[:, None],  # (N, 1)
+        bins(gap, GAP_EDGES),  # (N, 5); no bin at a history's first visit
+    ]
+    return sp.csr_matrix(np.concatenate([timing, *sample], axis=1))
+
+
+def own_design(features: TimeFeatures, j: int) -> np.ndarray:
+    """``(N, 20)`` label ``j``'s own code in bins (see the module docstring)."""
+    own = features.per_code[:, j]  # (N, 6)
+    return np.concatenate(
+        [
+            own[:, 0:1],
+            np.log1p(own[:, 1:2]),
+            bins(own[:, 2], VISITS_EDGES),
+            bins(own[:, 3], DAYS_EDGES),
+            bins(own[:, 4], YEARS_EDGES),
+            own[:, 5:6],
+        ],
+        axis=1,
+    )
+
+
+def l1_logistic_regression(c: float) -> LogisticRegression:
+    """An L1-penalised logistic regression (liblinear); scikit-learn 1.8 replaced ``penalty="l1"`` by
+    ``l1_ratio=1``."""
+    if tuple(int(part) for part in sklearn.__version__.split(".")[:2]) >= (1, 8):
+        return LogisticRegression(C=c, l1_ratio=1.0, solver="liblinear", max_iter=2000)
+    return LogisticRegression(C=c, penalty="l1", solver="liblinear", max_iter=2000)
+
+
+def fit_predict_sparse_time(
+    train: TimeFeatures,
+    Y_train: np.ndarray,
+    evaluate: TimeFeatures,
+    c: float = DEFAULT_C,
+    progress: bool = False,
+    n_jobs: int | None = -1,
+) -> np.ndarray:
+    """One L1 logistic regression per label on its own and the shared columns; returns ``(N_eval, L)``
+    probabilities. A label constant in training (or with fewer than two positives) gets its training rate,
+    as in the other references. Labels are fitted in parallel threads (``n_jobs``, -1: all cores)."""
+    Y = np.asarray(Y_train)
+    if Y.ndim != 2 or Y.shape[0] != len(train):
+        raise ValueError(f"Y_train must be (N_train, L) with N_train = {len(train)}, got {Y.shape}")
+    rate = Y.mean(axis=0) if Y.shape[0] else np.zeros(Y.shape[1])
+    out = np.tile(rate, (len(evaluate), 1)).astype(float)
+    varying = np.flatnonzero((rate > 0) & (rate < 1) & (Y.sum(axis=0) >= 2))
+    if not len(evaluate) or not len(varying):
+        return out
+    shared_train, shared_eval = shared_design(train), shared_design(evaluate)
+
+    def fit_one(j: int) -> np.ndarray:
+        x_train = sp.hstack([sp.csr_matrix(own_design(train, j)), shared_train], format="csr")
+        x_eval = sp.hstack([sp.csr_matrix(own_design(evaluate, j)), shared_eval], format="csr")
+        model = l1_logistic_regression(c).fit(x_train, Y[:, j].astype(int))
+        return np.asarray(model.predict_proba(x_eval)[:, 1])
+
+    labels = tqdm(varying, desc="sparse time regression", unit="label", disable=not progress, leave=False)
+    columns = Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fit_one)(j) for j in labels)
+    out[:, varying] = np.column_stack(columns)
+    return out

@@ -1,0 +1,93 @@
+"""The sparse time regression: binned timing of every label code, fitted with an L1 penalty."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from behrt_rope.evaluation.sparse_time import (
+    AGE_EDGES,
+    fit_predict_sparse_time,
+    own_design,
+    shared_design,
+)
+from behrt_rope.evaluation.time_features import TimeFeatures
+
+NAN = np.nan
+
+
+def hand_made() -> TimeFeatures:
+    """Two samples, two label codes. Per code: ever, n_visits, visits_since, days_since, years_first, in_last."""
+    per_code = np.array(
+        [
+            [[1, 3, 0, 0, 2.5, 1], [0, 0, NAN, NAN, NAN, 0]],  # code 0 at the last visit, first 2.5 y ago
+            [[0, 0, NAN, NAN, NAN, 0], [1, 1, 7, 400, 9.0, 0]],  # code 1 once, 7 visits and 400 days ago
+        ],
+        dtype=np.float32,
+    )
+    per_sample = np.array([[45.0, 4, NAN, 1], [81.0, 9, 20.0, 0]], dtype=np.float32)  # age, visits, gap, sex
+    return TimeFeatures(per_code, per_sample)
+
+
+def test_own_code_columns_are_bins_of_its_time_course() -> None:
+    own = own_design(hand_made(), 0)
+    assert own.shape == (2, 20)
+    expected = np.zeros(20, dtype=np.float32)
+    expected[[0, 2, 8, 15, 19]] = 1.0  # ever; 0 visits since; < 30 days since; first 2-3 years ago; in the last visit
+    expected[1] = np.log1p(3.0)
+    np.testing.assert_allclose(own[0], expected, rtol=1e-6)
+    np.testing.assert_array_equal(own[1], np.zeros(20))  # never recorded: every column 0, NaN-free
+
+
+def test_shared_columns_give_every_codes_first_record_and_the_sample_bins() -> None:
+    shared = shared_design(hand_made()).toarray()
+    assert shared.shape == (2, 7 * 2 + 18)
+    assert not np.isnan(shared).any()
+    timing = shared[:, :14].reshape(2, 2, 7)  # (sample, code, 6 year bins + at the last visit)
+    np.testing.assert_array_equal(timing[0, 0], [0, 0, 1, 0, 0, 0, 1])
+    np.testing.assert_array_equal(timing[0, 1], np.zeros(7))
+    np.testing.assert_array_equal(timing[1, 1], [0, 0, 0, 0, 0, 1, 0])  # 9 years: the 8+ bin
+    age = shared[:, 14 : 14 + len(AGE_EDGES) + 1]
+    assert age[0].argmax() == 4 and age[1].argmax() == 8  # 45 -> 40-50, 81 -> 80+
+    sex = shared[:, 23:26]
+    np.testing.assert_array_equal(sex, [[1, 0, 0], [0, 0, 0]])  # female; unknown has no column
+    gap = shared[:, 27:]
+    np.testing.assert_array_equal(gap[0], np.zeros(5))  # a history's first visit has no previous one
+    assert gap[1].argmax() == 1  # 20 days: 14-30
+
+
+def _timing_cohort(n: int, rng: np.random.Generator) -> tuple[TimeFeatures, np.ndarray, np.ndarray]:
+    """Label 0 is likely only 2-3 years after code 1 was first recorded; label 2 never occurs. Returns the
+    features, the targets and label 0's true probability."""
+    per_code = np.full((n, 3, 6), NAN, dtype=np.float32)
+    per_code[:, :, [0, 1, 5]] = 0.0
+    ever = rng.random(n) < 0.6
+    years = rng.uniform(0.0, 10.0, n)
+    per_code[ever, 1, 0], per_code[ever, 1, 1], per_code[ever, 1, 4] = 1.0, 1.0, years[ever]
+    per_code[ever, 1, 2], per_code[ever, 1, 3] = 3.0, 365.0 * years[ever] / 2
+    per_sample = np.column_stack([rng.uniform(20, 80, n), rng.integers(1, 20, n), rng.uniform(10, 300, n), np.ones(n)])
+    window = ever & (years >= 2.0) & (years < 3.0)
+    y = np.zeros((n, 3), dtype=np.int64)
+    truth = np.where(window, 0.6, 0.05)
+    y[:, 0] = rng.random(n) < truth
+    y[:, 1] = rng.random(n) < 0.2
+    return TimeFeatures(per_code, per_sample.astype(np.float32)), y, truth
+
+
+def test_learns_another_codes_timing_that_its_presence_does_not_show() -> None:
+    rng = np.random.default_rng(0)
+    train, y_train, _ = _timing_cohort(3000, rng)
+    test, y_test, truth = _timing_cohort(2000, rng)
+    probs = fit_predict_sparse_time(train, y_train, test, n_jobs=1)
+    assert probs.shape == (2000, 3) and ((probs >= 0) & (probs <= 1)).all()
+    best = roc_auc_score(y_test[:, 0], truth)
+    presence = roc_auc_score(y_test[:, 0], test.per_code[:, 1, 0])
+    auroc = roc_auc_score(y_test[:, 0], probs[:, 0])
+    assert auroc > best - 0.03 and auroc > presence + 0.08  # seeded: 0.697 against 0.711 and 0.589
+    assert probs[:, 2] == pytest.approx(0.0)  # never positive in training: its training rate
+
+
+def test_rejects_targets_that_do_not_match_the_samples() -> None:
+    with pytest.raises(ValueError, match="Y_train must be"):
+        fit_predict_sparse_time(hand_made(), np.zeros((3, 2)), hand_made())
