@@ -1,7 +1,8 @@
-"""``behrt-rope evaluate``: held-out metrics and report, beside three reference models and (synthetic) a ceiling.
+"""``behrt-rope evaluate``: held-out metrics and report, beside four reference models and (synthetic) a ceiling.
 
 The references are fitted on the train split's samples of the same task: a bag-of-codes logistic regression
-and gradient boosting on time features (``behrt_rope.evaluation.baseline``), plus the classic set-up of the
+and gradient boosting on time features (``behrt_rope.evaluation.baseline``), an L1 regression on binned timing
+of every label code (``behrt_rope.evaluation.sparse_time``), plus the classic set-up of the
 BEHRT paper's comparisons, a logistic regression on code presence, age, sex and visit count fitted on one
 random cut per train patient. With ``oracle=DIR`` (a ``behrt-rope synth ... oracle=true`` output) every
 predictor is also scored on the held-out samples at the oracle's cut visits, beside the generator's true
