@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from behrt_rope.evaluation.ceiling import format_share  # noqa: E402
+from behrt_rope.evaluation.report import REFERENCE_NAMES  # noqa: E402
 
 COHORTS: dict[str, list[str]] = {
     "default": ["--seed", "2024"],
@@ -71,14 +72,7 @@ COHORTS: dict[str, list[str]] = {
         "synth.noise_codes_per_visit=1.2",
     ],
 }
-PREDICTORS = (
-    "model",
-    "logistic_regression",
-    "logistic_regression_one_cut",
-    "gradient_boosting",
-    "sparse_time_regression",
-    "oracle",
-)
+PREDICTORS = ("model", *REFERENCE_NAMES, "oracle")
 
 
 def stage(command: str, *args: str) -> dict[str, float]:

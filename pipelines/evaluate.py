@@ -40,6 +40,7 @@ from behrt_rope.evaluation.baseline import (
 )
 from behrt_rope.evaluation.ceiling import ORACLE, format_share, gap_closed, oracle_matrix, read_oracle
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
+from behrt_rope.evaluation.report import REFERENCE_NAMES
 from behrt_rope.evaluation.sparse_time import DEFAULT_C, fit_predict_sparse_time
 from behrt_rope.evaluation.time_features import time_features
 from behrt_rope.stage import is_done, require_done, stage, write_json
@@ -50,12 +51,6 @@ log = logging.getLogger("behrt_rope.evaluate")
 MODEL, LOGISTIC, GBM = "model", "logistic_regression", "gradient_boosting"
 LOGISTIC_ONE_CUT = "logistic_regression_one_cut"
 SPARSE_TIME = "sparse_time_regression"
-REFERENCE_NAMES = {
-    LOGISTIC: "Bag-of-codes logistic regression",
-    LOGISTIC_ONE_CUT: "Logistic regression, one cut per patient",
-    GBM: "Gradient boosting on time features",
-    SPARSE_TIME: "Sparse (L1) regression on binned timing of every code",
-}
 TASK_TITLES = {
     "next_visit": "Diagnoses recorded at the next visit",
     "6m": "Diagnoses recorded within 6 months",

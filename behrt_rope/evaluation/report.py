@@ -29,6 +29,13 @@ from behrt_rope.evaluation.ceiling import format_share
 from behrt_rope.evaluation.metrics import CI_LEVEL, percentile_interval
 
 BASELINE_NAME = "Bag-of-codes logistic regression"
+REFERENCE_NAMES = {
+    "logistic_regression": BASELINE_NAME,
+    "logistic_regression_one_cut": "Logistic regression, one cut per patient",
+    "gradient_boosting": "Gradient boosting on time features",
+    "sparse_time_regression": "Sparse (L1) regression on binned timing of every code",
+}
+"""Display name of each reference model, by its key in ``metrics.json``; every table of names derives from it."""
 PR_PLOT = "precision_recall.png"
 ROC_PLOT = "roc.png"
 RELIABILITY_PLOT = "reliability.png"
@@ -317,11 +324,7 @@ def _ceiling_section(inputs: ReportInputs, model_name: str) -> str:
     ceiling = inputs.ceiling
     if not ceiling:
         return ""
-    names = {"model": model_name, "oracle": "Oracle (true probabilities)"}
-    names.update({"logistic_regression": "Bag-of-codes logistic regression"})
-    names.update({"logistic_regression_one_cut": "Logistic regression, one cut per patient"})
-    names.update({"gradient_boosting": "Gradient boosting on time features"})
-    names.update({"sparse_time_regression": "Sparse (L1) regression on binned timing of every code"})
+    names = {"model": model_name, "oracle": "Oracle (true probabilities)", **REFERENCE_NAMES}
     one_cut = any(entry.get("gap_closed_one_cut") for entry in ceiling["predictors"].values())
     rows = []
     for key, entry in ceiling["predictors"].items():
