@@ -56,10 +56,25 @@ def bins(values: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
 
 
 def shared_design(features: TimeFeatures) -> sp.csr_matrix:
-    """``(N, 7 L + 18)`` the columns every label reads: each label code's timing and the per-sample bins."""
+    """``(N, 7 L + 18)`` the columns every label reads: each label code's years-since-first bins and
+    last-visit flag (7 per code, built sparse: most codes are absent from most histories), then the per-sample
+    bins."""
     per_code = features.per_code  # (N, L, 6): ever, n_visits, visits_since, days_since, years_since_first, in_last
-    n = len(features)
-    timing = np.concatenate([bins(per_code[:, :, 4], YEARS_EDGES), per_code[:, :, 5:6]], axis=2).reshape(n, -1)
+    n, n_codes = per_code.shape[:2]
+    width = len(YEARS_EDGES) + 2
+    rows, codes = np.nonzero(~np.isnan(per_code[:, :, 4]))  # recorded codes
+    year_bin = np.digitize(per_code[rows, codes, 4], YEARS_EDGES)
+    last_rows, last_codes = np.nonzero(per_code[:, :, 5] > 0)
+    timing = sp.csr_matrix(
+        (
+            np.ones(len(rows) + len(last_rows), dtype=np.float32),
+            (
+                np.concatenate([rows, last_rows]),
+                np.concatenate([codes * width + year_bin, last_codes * width + width - 1]),
+            ),
+        ),
+        shape=(n, n_codes * width),
+    )
     age, visits, gap, sex = (features.per_sample[:, i] for i in range(4))
     sample = [
         bins(age, AGE_EDGES),  # (N, 9)
@@ -67,7 +82,7 @@ def shared_design(features: TimeFeatures) -> sp.csr_matrix:
         np.log1p(visits)[:, None],  # (N, 1)
         bins(gap, GAP_EDGES),  # (N, 5); no bin at a history's first visit
     ]
-    return sp.csr_matrix(np.concatenate([timing, *sample], axis=1))
+    return sp.hstack([timing, sp.csr_matrix(np.concatenate(sample, axis=1))], format="csr")
 
 
 def own_design(features: TimeFeatures, j: int) -> np.ndarray:
