@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -33,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from behrt_rope import schema as S  # noqa: E402
 from behrt_rope.data.labels import Samples, TaskConfig, build_samples, label_index, targets  # noqa: E402
 from behrt_rope.data.sequences import Sequences, load_tokens  # noqa: E402
-from behrt_rope.evaluation.sparse_time import l1_logistic_regression, own_design, shared_design  # noqa: E402
+from behrt_rope.evaluation.sparse_time import l1_logistic_regression, label_design, shared_design  # noqa: E402
 from behrt_rope.evaluation.time_features import time_features  # noqa: E402
 from behrt_rope.training.bundle import load_bundle  # noqa: E402
 from behrt_rope.training.inference import multilabel_model, score  # noqa: E402
@@ -73,11 +72,8 @@ def main() -> None:
         for j in range(y_train.shape[1]):
             if y_train[:, j].min() == y_train[:, j].max():
                 continue
-            x_train = sp.hstack([sp.csr_matrix(own_design(f_train, j)), shared_train]).tocsr()
-            x_tuning = sp.hstack([sp.csr_matrix(own_design(f_tuning, j)), shared_tuning]).tocsr()
-            fitted = l1_logistic_regression(c)
-            fitted.fit(x_train, y_train[:, j])
-            scores[:, j] = fitted.decision_function(x_tuning)
+            fitted = l1_logistic_regression(c).fit(label_design(f_train, shared_train, j), y_train[:, j])
+            scores[:, j] = fitted.decision_function(label_design(f_tuning, shared_tuning, j))
             nonzero.append(int((fitted.coef_ != 0).sum()))
         result[f"sparse_lr_c{c:g}"] = {
             "macro_ap": round(macro_average_precision(y_tuning, scores), 4),

@@ -101,6 +101,11 @@ def own_design(features: TimeFeatures, j: int) -> np.ndarray:
     )
 
 
+def label_design(features: TimeFeatures, shared: sp.csr_matrix, j: int) -> sp.csr_matrix:
+    """``(N, 20 + 7 L + 18)`` label ``j``'s model input: its own columns, then ``shared`` (:func:`shared_design`)."""
+    return sp.hstack([sp.csr_matrix(own_design(features, j)), shared], format="csr")
+
+
 def l1_logistic_regression(c: float) -> LogisticRegression:
     """An L1-penalised logistic regression (liblinear); scikit-learn 1.8 replaced ``penalty="l1"`` by
     ``l1_ratio=1``."""
@@ -131,10 +136,8 @@ def fit_predict_sparse_time(
     shared_train, shared_eval = shared_design(train), shared_design(evaluate)
 
     def fit_one(j: int) -> np.ndarray:
-        x_train = sp.hstack([sp.csr_matrix(own_design(train, j)), shared_train], format="csr")
-        x_eval = sp.hstack([sp.csr_matrix(own_design(evaluate, j)), shared_eval], format="csr")
-        model = l1_logistic_regression(c).fit(x_train, Y[:, j].astype(int))
-        return np.asarray(model.predict_proba(x_eval)[:, 1])
+        model = l1_logistic_regression(c).fit(label_design(train, shared_train, j), Y[:, j].astype(int))
+        return np.asarray(model.predict_proba(label_design(evaluate, shared_eval, j))[:, 1])
 
     labels = tqdm(varying, desc="sparse time regression", unit="label", disable=not progress, leave=False)
     columns = Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fit_one)(j) for j in labels)
