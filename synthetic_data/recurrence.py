@@ -26,9 +26,11 @@ Kinds of code, drawn per seed: *chronic* (high persistence once recorded, a dura
 trigger targets), *recurrent* (episodes that come back at the next visits and fade within a few visits),
 *background* (about ``noise_codes_per_visit`` per visit in all, weak age effects only).
 
-The oracle is exact: codes at a visit depend only on the state after the previous visit (the gap to the
-next visit does not enter), so the true probability of each code at the visit after a cut is ``sigmoid(z)``
-for the other codes, and for the routine code ``p + (1 - p) x P(no other code)``.
+The oracle is exact: codes at a visit depend only on the state after the previous visit and on the visit's
+day (through the age and the years since each code was first recorded), so the true probability of each code
+at the visit after a cut is ``sigmoid(z)`` at that visit's day for the other codes, and for the routine code
+``p + (1 - p) x P(no other code)``. The oracle thus knows when the next visit happens, which a model scoring
+at the cut does not; with gaps of months against effects that change over years, that is a small edge.
 
 >>> from synthetic_data.generator import SynthConfig
 >>> patients, events = generate_recurrence(SynthConfig(patients=20, seed=3, process="recurrence"))
