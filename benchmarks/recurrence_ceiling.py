@@ -32,9 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 from behrt_rope import schema as S  # noqa: E402
 from behrt_rope.data.sequences import load_tokens  # noqa: E402
+from behrt_rope.evaluation.sparse_time import AGE_EDGES, YEARS_EDGES, bins  # noqa: E402
 from synthetic_data.generator import DAYS_PER_YEAR, SynthConfig, _ramp, patient_ids  # noqa: E402
 from synthetic_data.oracle import oracle_table  # noqa: E402
-from synthetic_data.recurrence import RecurrenceSimulation, draw_catalogue  # noqa: E402
+from synthetic_data.recurrence import MAX_TRIGGERS, RecurrenceCatalogue, RecurrenceSimulation, draw_catalogue  # noqa: E402
 
 FEATURES = (
     "age_bump",
@@ -54,7 +55,6 @@ FEATURES = (
 def design(sim: RecurrenceSimulation, idx: np.ndarray, day: np.ndarray) -> np.ndarray:
     """(patients, codes, features) the true features of each code at a visit on ``day`` (before it)."""
     cat = sim.cat
-    k = len(cat.codes)
     age = (day - sim.birth[idx]) / DAYS_PER_YEAR
     seen = (sim.count[idx] > 0).astype(float)
     years_first = np.nan_to_num((day[:, None] - sim.first_day[idx]) / DAYS_PER_YEAR, nan=0.0)
@@ -70,27 +70,25 @@ def design(sim: RecurrenceSimulation, idx: np.ndarray, day: np.ndarray) -> np.nd
         (seen * (since == 1)) * np.exp(-sim.last_gap[idx, None] / 30.0),
     ]
     ramp = seen[:, cat.trigger_parent] * _ramp(years_first[:, cat.trigger_parent], cat.trigger_delay, cat.trigger_width)
-    slots = np.zeros((len(idx), k, 2))  # each code has at most 2 triggers
-    used = np.zeros(k, dtype=int)
+    return np.concatenate([np.stack(cols, axis=-1), _trigger_slots(cat, ramp[..., None])], axis=-1)
+
+
+def _trigger_slots(cat: RecurrenceCatalogue, per_link: np.ndarray) -> np.ndarray:
+    """``(n, codes, 2 F)``: each code's (at most two) trigger links' ``(n, links, F)`` values, zeros where a
+    code has fewer triggers."""
+    n, _, width = per_link.shape
+    slots = np.zeros((n, len(cat.codes), MAX_TRIGGERS, width))
+    used = np.zeros(len(cat.codes), dtype=int)
     for link, child in enumerate(cat.trigger_child):
-        slots[:, child, used[child]] = ramp[:, link]
+        slots[:, child, used[child]] = per_link[:, link]
         used[child] += 1
-    return np.concatenate([np.stack(cols, axis=-1), slots], axis=-1)
+    return slots.reshape(n, len(cat.codes), MAX_TRIGGERS * width)
 
 
-AGE_EDGES = (10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0)
-"""Age bins (years) of :func:`binned_design`."""
-YEARS_EDGES = (1.0, 2.0, 3.0, 5.0, 8.0)
-"""Bins of years since a code was first recorded (own code and trigger parents)."""
 SINCE_EDGES = (1.5, 2.5, 3.5, 4.5, 5.5)
 """Bins of visits since a code was last recorded (1, 2, ..., 6 or more)."""
 GAP_EDGES = (14.0, 30.0, 90.0)
 """Bins of days between the previous two visits (the follow-up term)."""
-
-
-def _bins(values: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
-    """One-hot of the bin of each value: shape ``values.shape + (len(edges) + 1,)``."""
-    return np.eye(len(edges) + 1)[np.digitize(values, edges)]
 
 
 def binned_design(sim: RecurrenceSimulation, idx: np.ndarray, day: np.ndarray) -> np.ndarray:
@@ -109,23 +107,17 @@ def binned_design(sim: RecurrenceSimulation, idx: np.ndarray, day: np.ndarray) -
     shape = seen.shape[:2]
     gap = np.broadcast_to(sim.last_gap[idx, None], shape)
     cols = [
-        np.broadcast_to(_bins(age, AGE_EDGES)[:, None, :], (*shape, len(AGE_EDGES) + 1)),
+        np.broadcast_to(bins(age, AGE_EDGES)[:, None, :], (*shape, len(AGE_EDGES) + 1)),
         np.broadcast_to(sim.female[idx, None, None], (*shape, 1)).astype(float),
         np.broadcast_to(np.log1p(sim.visits[idx, None, None]) / 3.0, (*shape, 1)),
         seen,
-        seen * _bins(years_first, YEARS_EDGES),
+        seen * bins(years_first, YEARS_EDGES),
         seen * np.log1p(count)[..., None],
-        seen * _bins(since, SINCE_EDGES),
-        seen * (since == 1)[..., None] * _bins(gap, GAP_EDGES),
+        seen * bins(since, SINCE_EDGES),
+        seen * (since == 1)[..., None] * bins(gap, GAP_EDGES),
     ]
-    parent = seen[:, cat.trigger_parent] * _bins(years_first[:, cat.trigger_parent], YEARS_EDGES)  # (n, links, 6)
-    slots = np.zeros((len(idx), len(cat.codes), 2, len(YEARS_EDGES) + 1))  # each code has at most 2 triggers
-    used = np.zeros(len(cat.codes), dtype=int)
-    for link, child in enumerate(cat.trigger_child):
-        slots[:, child, used[child]] = parent[:, link]
-        used[child] += 1
-    slots = slots.reshape(len(idx), len(cat.codes), 2 * (len(YEARS_EDGES) + 1))
-    return np.concatenate([*cols, slots], axis=-1).astype(np.float32)
+    parent = seen[:, cat.trigger_parent] * bins(years_first[:, cat.trigger_parent], YEARS_EDGES)  # (n, links, 6)
+    return np.concatenate([*cols, _trigger_slots(cat, parent)], axis=-1).astype(np.float32)
 
 
 def collect(

@@ -17,7 +17,7 @@ from typing import Any
 
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
-from behrt_rope.evaluation.ceiling import format_share
+from behrt_rope.evaluation.ceiling import both_shares
 from behrt_rope.stage import setup_console_logging
 
 SHORT = {
@@ -130,9 +130,7 @@ def ceiling_lines(ceiling: dict[str, Any] | None) -> list[str]:
         "the gap to the oracle closed from the every-visit / one-cut logistic regression:"
     ]
     for key, entry in ceiling["predictors"].items():
-        gaps = (entry.get("gap_closed"), entry.get("gap_closed_one_cut"))
-        closed = " / ".join(format_share(gap, ci=False, missing="n/a") for gap in gaps)
-        lines.append(f"  {SHORT.get(key, key):22s}{entry['overall']['macro_ap']:12.4f}  {closed}")
+        lines.append(f"  {SHORT.get(key, key):22s}{entry['overall']['macro_ap']:12.4f}  {both_shares(entry)}")
     return lines
 
 

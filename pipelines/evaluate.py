@@ -38,7 +38,7 @@ from behrt_rope.evaluation.baseline import (
     fit_predict_gbm,
     sex_features,
 )
-from behrt_rope.evaluation.ceiling import ORACLE, format_share, gap_closed, oracle_matrix, read_oracle
+from behrt_rope.evaluation.ceiling import ORACLE, both_shares, gap_closed, oracle_matrix, read_oracle
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
 from behrt_rope.evaluation.report import REFERENCE_NAMES
 from behrt_rope.evaluation.sparse_time import DEFAULT_C, fit_predict_sparse_time
@@ -363,11 +363,9 @@ def _log_headline(
         log.info("evaluate: %s", line(name, evaluation["overall"]))
     if ceiling is not None:
         for name, entry in ceiling["predictors"].items():
-            gaps = (entry.get("gap_closed"), entry.get("gap_closed_one_cut"))
-            shares = " / ".join(format_share(gap, ci=False, missing="n/a") for gap in gaps)
             log.info(
                 "evaluate: at oracle cuts, %s; gap closed %s (from the every-visit / one-cut logistic regression)",
                 line(name, entry["overall"]),
-                shares,
+                both_shares(entry),
             )
     log.info("evaluate: report at %s", report)

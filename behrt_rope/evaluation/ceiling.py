@@ -104,6 +104,17 @@ def format_share(gap: Mapping[str, Any] | None, ci: bool = True, missing: str = 
     return text
 
 
+def both_shares(entry: Mapping[str, Any]) -> str:
+    """A ceiling predictor's gap closed from the every-visit and from the one-cut regression, ``"63% / 61%"``
+    (``"n/a"`` for a missing one).
+
+    >>> both_shares({"gap_closed": {"point": 0.634}, "gap_closed_one_cut": None})
+    '63% / n/a'
+    """
+    gaps = (entry.get("gap_closed"), entry.get("gap_closed_one_cut"))
+    return " / ".join(format_share(gap, ci=False, missing="n/a") for gap in gaps)
+
+
 def gap_closed(evaluations: Mapping[str, Mapping[str, Any]], low: str, metric: str = "macro_ap") -> dict[str, Any]:
     """Per predictor, the share of the ``low`` -> oracle gap on ``metric`` it closes, with a paired interval.
 
