@@ -30,6 +30,8 @@ from behrt_rope.data.labels import (
 )
 from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary
 from behrt_rope.errors import UserError
+from behrt_rope.evaluation.sparse_time import DEFAULT_C, fit_sparse_time
+from behrt_rope.evaluation.time_features import time_features
 from behrt_rope.model.config import HEAD_FIELDS, ModelConfig
 from behrt_rope.model.heads import load_encoder_weights, pos_weight_from_counts
 from behrt_rope.stage import is_done, require_done, stage, write_json
@@ -64,6 +66,8 @@ class Config:
     """Weight each label's positive term by negatives/positives in train (for rare codes)."""
     pos_weight_max: float = 50.0
     """Cap on the positive-class weights."""
+    sparse_time_c: float = DEFAULT_C
+    """With model.sparse_time, the inverse L1 strength of the sparse time path's regression."""
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     """Without --pretrained, the whole model; with it, only the head's settings (label_attention_heads,
@@ -135,6 +139,8 @@ def run(config: Config) -> Path:
         task = new_task()
         if pretrained_state is not None:
             load_encoder_weights(task.model, pretrained_state)
+        if task.model.sparse_time is not None:
+            _fit_sparse_time_path(task, train_seqs, train_samples, label_of_token, train.y, config.sparse_time_c)
         train_loader = make_loader(train.dataset, tc, train.collate, True)
         val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
         trainer = build_trainer(tc, out, "val/macro_ap" if val_loader is not None else None, "max", train_loader)
@@ -180,6 +186,31 @@ def run(config: Config) -> Path:
             )
             log.info("finetune: tuning macro AP %.4f over %d labels", metrics["tuning_macro_ap"], len(label_ids))
     return out_dir
+
+
+def _fit_sparse_time_path(
+    task: MultiLabelTask,
+    seqs: Sequences,
+    samples: Samples,
+    label_of_token: np.ndarray,
+    y: np.ndarray,
+    c: float,
+) -> None:
+    """Fit the sparse time path's regression on the train samples and load it into the model (frozen)."""
+    assert task.model.sparse_time is not None
+    started = time.perf_counter()
+    fit = fit_sparse_time(time_features(seqs, samples, label_of_token), y, c, progress=True)
+    task.model.sparse_time.load_fit(
+        torch.from_numpy(fit.own_weight), torch.from_numpy(fit.shared_weight), torch.from_numpy(fit.bias)
+    )
+    nonzero = int((fit.own_weight != 0).sum() + (fit.shared_weight != 0).sum())
+    log.info(
+        "finetune: sparse time path fitted on %d samples (C=%g): %.1f non-zero weights per label, %.1f s",
+        len(y),
+        c,
+        nonzero / max(len(fit.bias), 1),
+        time.perf_counter() - started,
+    )
 
 
 def _no_labels_message(config: Config, seqs: Sequences, train_seqs: Sequences, samples: Samples, min_count: int) -> str:

@@ -85,7 +85,7 @@ def test_learns_another_codes_timing_that_its_presence_does_not_show() -> None:
     presence = roc_auc_score(y_test[:, 0], test.per_code[:, 1, 0])
     auroc = roc_auc_score(y_test[:, 0], probs[:, 0])
     assert auroc > best - 0.03 and auroc > presence + 0.08  # seeded: 0.697 against 0.711 and 0.589
-    assert probs[:, 2] == pytest.approx(0.0)  # never positive in training: its training rate
+    assert probs[:, 2] == pytest.approx(0.0, abs=2e-6)  # never positive in training: its rate, clipped to 1e-6
 
 
 def test_rejects_targets_that_do_not_match_the_samples() -> None:

@@ -9,7 +9,7 @@ import torch
 
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.heads import BehrtForMultiLabel
-from behrt_rope.model.wide import DAY_SCALES, VISIT_SCALES, WidePath, _history_pairs
+from behrt_rope.model.wide import DAY_SCALES, VISIT_SCALES, WidePath, history_pairs
 from behrt_rope.schema import CLS_ID, N_SPECIAL, PAD_ID, SEP_ID
 
 A, B = N_SPECIAL, N_SPECIAL + 1
@@ -30,7 +30,7 @@ def _wide(**kw):
 
 
 def _own(wide, ids, visit, ages, score_at):
-    return wide.own_code_features(_history_pairs(ids, score_at), visit, ages)
+    return wide.own_code_features(history_pairs(ids, score_at), visit, ages)
 
 
 def test_own_code_features_count_recency_and_duration():

@@ -21,25 +21,28 @@ boosting 63% (docs/benchmarks.md, "Ninth round").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import scipy.sparse as sp
 import sklearn
 from joblib import Parallel, delayed
+from scipy.special import expit
 from sklearn.linear_model import LogisticRegression
 from tqdm.auto import tqdm
 
 from behrt_rope.evaluation.time_features import TimeFeatures
+from behrt_rope.model.sparse_time_path import (
+    AGE_EDGES,
+    DAYS_EDGES,
+    GAP_EDGES,
+    OWN_COLUMNS,
+    SEX_IDS,
+    VISITS_EDGES,
+    YEARS_EDGES,
+    shared_columns,
+)
 
-VISITS_EDGES = (0.5, 1.5, 2.5, 3.5, 4.5)
-"""Visits since a code was last recorded: 0 (at the last visit), 1, 2, 3, 4, 5 or more."""
-DAYS_EDGES = (30.0, 90.0, 365.0, 1095.0)
-"""Days since a code was last recorded."""
-YEARS_EDGES = (1.0, 2.0, 3.0, 5.0, 8.0)
-"""Years since a code was first recorded."""
-AGE_EDGES = (10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0)
-"""Age at the prediction time, years."""
-GAP_EDGES = (14.0, 30.0, 90.0, 365.0)
-"""Days since the previous visit."""
 DEFAULT_C = 0.1
 """Inverse L1 strength; chosen on the tuning splits of two cohorts (docs/benchmarks.md, "Ninth round")."""
 
@@ -78,7 +81,7 @@ def shared_design(features: TimeFeatures) -> sp.csr_matrix:
     age, visits, gap, sex = (features.per_sample[:, i] for i in range(4))
     sample = [
         bins(age, AGE_EDGES),  # (N, 9)
-        (sex[:, None] == np.arange(1, 4)).astype(np.float32),  # (N, 3): female, male, other (0 is unknown)
+        (sex[:, None] == np.array(SEX_IDS)).astype(np.float32),  # (N, 3): female, male, other (0 is unknown)
         np.log1p(visits)[:, None],  # (N, 1)
         bins(gap, GAP_EDGES),  # (N, 5); no bin at a history's first visit
     ]
@@ -110,8 +113,65 @@ def l1_logistic_regression(c: float) -> LogisticRegression:
     """An L1-penalised logistic regression (liblinear); scikit-learn 1.8 replaced ``penalty="l1"`` by
     ``l1_ratio=1``."""
     if tuple(int(part) for part in sklearn.__version__.split(".")[:2]) >= (1, 8):
-        return LogisticRegression(C=c, l1_ratio=1.0, solver="liblinear", max_iter=2000)
-    return LogisticRegression(C=c, penalty="l1", solver="liblinear", max_iter=2000)
+        return LogisticRegression(C=c, l1_ratio=1.0, solver="liblinear", max_iter=2000, random_state=0)
+    return LogisticRegression(C=c, penalty="l1", solver="liblinear", max_iter=2000, random_state=0)
+
+
+@dataclass
+class SparseTimeFit:
+    """The fitted regression of every label, on the logit scale (the layout of
+    :class:`~behrt_rope.model.sparse_time_path.SparseTimePath`'s buffers)."""
+
+    own_weight: np.ndarray
+    """``(L, 20)`` weights of each label's own columns (:func:`own_design`)."""
+    shared_weight: np.ndarray
+    """``(L, 7 L + 18)`` weights of the shared columns (:func:`shared_design`)."""
+    bias: np.ndarray
+    """``(L,)`` intercepts; a label not fitted has the logit of its training rate and no weights."""
+
+    def logits(self, features: TimeFeatures) -> np.ndarray:
+        """``(N, L)`` decision values on ``features``."""
+        out = np.asarray(shared_design(features) @ self.shared_weight.T + self.bias)  # (N, L)
+        for j in range(len(self.bias)):
+            out[:, j] += own_design(features, j) @ self.own_weight[j]
+        return out
+
+
+def fit_sparse_time(
+    train: TimeFeatures,
+    Y_train: np.ndarray,
+    c: float = DEFAULT_C,
+    progress: bool = False,
+    n_jobs: int | None = -1,
+) -> SparseTimeFit:
+    """One L1 logistic regression per label on its own and the shared columns. A label constant in training
+    (or with fewer than two positives) gets the logit of its training rate (clipped to [1e-6, 1 - 1e-6]), as
+    the other references give it that rate. Labels are fitted in parallel threads (``n_jobs``, -1: all cores);
+    the result does not depend on ``n_jobs``."""
+    Y = np.asarray(Y_train)
+    if Y.ndim != 2 or Y.shape[0] != len(train):
+        raise ValueError(f"Y_train must be (N_train, L) with N_train = {len(train)}, got {Y.shape}")
+    n_labels = Y.shape[1]
+    rate = np.clip(Y.mean(axis=0) if Y.shape[0] else np.zeros(n_labels), 1e-6, 1 - 1e-6)
+    fit = SparseTimeFit(
+        np.zeros((n_labels, OWN_COLUMNS), np.float32),
+        np.zeros((n_labels, shared_columns(n_labels)), np.float32),
+        np.log(rate / (1 - rate)).astype(np.float32),
+    )
+    varying = np.flatnonzero((Y.min(axis=0) < Y.max(axis=0)) & (Y.sum(axis=0) >= 2)) if len(Y) else []
+    if not len(varying):
+        return fit
+    shared = shared_design(train)
+
+    def fit_one(j: int) -> LogisticRegression:
+        return l1_logistic_regression(c).fit(label_design(train, shared, j), Y[:, j].astype(int))
+
+    labels = tqdm(varying, desc="sparse time regression", unit="label", disable=not progress, leave=False)
+    models = Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fit_one)(j) for j in labels)
+    for j, model in zip(varying, models):
+        fit.own_weight[j], fit.shared_weight[j] = model.coef_[0, :OWN_COLUMNS], model.coef_[0, OWN_COLUMNS:]
+        fit.bias[j] = model.intercept_[0]
+    return fit
 
 
 def fit_predict_sparse_time(
@@ -122,24 +182,6 @@ def fit_predict_sparse_time(
     progress: bool = False,
     n_jobs: int | None = -1,
 ) -> np.ndarray:
-    """One L1 logistic regression per label on its own and the shared columns; returns ``(N_eval, L)``
-    probabilities. A label constant in training (or with fewer than two positives) gets its training rate,
-    as in the other references. Labels are fitted in parallel threads (``n_jobs``, -1: all cores)."""
-    Y = np.asarray(Y_train)
-    if Y.ndim != 2 or Y.shape[0] != len(train):
-        raise ValueError(f"Y_train must be (N_train, L) with N_train = {len(train)}, got {Y.shape}")
-    rate = Y.mean(axis=0) if Y.shape[0] else np.zeros(Y.shape[1])
-    out = np.tile(rate, (len(evaluate), 1)).astype(float)
-    varying = np.flatnonzero((rate > 0) & (rate < 1) & (Y.sum(axis=0) >= 2))
-    if not len(evaluate) or not len(varying):
-        return out
-    shared_train, shared_eval = shared_design(train), shared_design(evaluate)
-
-    def fit_one(j: int) -> np.ndarray:
-        model = l1_logistic_regression(c).fit(label_design(train, shared_train, j), Y[:, j].astype(int))
-        return np.asarray(model.predict_proba(label_design(evaluate, shared_eval, j))[:, 1])
-
-    labels = tqdm(varying, desc="sparse time regression", unit="label", disable=not progress, leave=False)
-    columns = Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fit_one)(j) for j in labels)
-    out[:, varying] = np.column_stack(columns)
-    return out
+    """:func:`fit_sparse_time` on ``train``, then ``(N_eval, L)`` probabilities on ``evaluate``."""
+    fit = fit_sparse_time(train, Y_train, c, progress, n_jobs)
+    return np.asarray(expit(fit.logits(evaluate))) if len(evaluate) else np.zeros((0, len(fit.bias)))

@@ -13,6 +13,7 @@ from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.encoder import BehrtEncoder, init_weights, positions_for
 from behrt_rope.model.label_attention import LabelAttention
 from behrt_rope.model.label_codes import LabelCodeMaps, label_vectors
+from behrt_rope.model.sparse_time_path import SparseTimePath
 from behrt_rope.model.token_label_attention import TokenLabelAttention, label_id_tensor
 from behrt_rope.model.wide import WidePath
 from behrt_rope.schema import PAD_ID, SEP_ID
@@ -95,7 +96,9 @@ class BehrtForMultiLabel(nn.Module):
       label, from the codes that label's query picks out, weighed by how many visits and days ago they were
       recorded. The *wide* linear path (Cheng et al., 2016, "Wide & Deep"; ``config.wide``, see ``wide.py``)
       adds a logit from log(1 + count) of every code seen so far and, with ``config.wide_time``, from how
-      often, how recently and for how long each label's own code has been recorded.
+      often, how recently and for how long each label's own code has been recorded. The *sparse time*
+      path (``config.sparse_time``, see ``sparse_time_path.py``), an L1 logistic regression on binned timing
+      of every label code fitted before the deep training and frozen, is averaged with all of the above.
       With ``config.label_own_code`` or ``config.wide_time``, pass ``label_token_ids`` ``(L,)``: the token id
       of each label's code (a trained model's state dict carries them).
     * ``"cls"``: the ``[CLS]`` state (position 0) of a bidirectional pass over the input (one prediction
@@ -139,6 +142,7 @@ class BehrtForMultiLabel(nn.Module):
         self.wide = None
         if visit and config.wide:
             self.wide = WidePath(config.vocab_size, num_labels, config.wide_time, label_token_ids)
+        self.sparse_time = SparseTimePath(num_labels, label_token_ids) if visit and config.sparse_time else None
         use_label_attention = visit and config.label_attention_heads > 0
         self.label_attention: LabelAttention | TokenLabelAttention | None = None
         if use_label_attention and config.label_attention_keys == "token":
@@ -216,7 +220,30 @@ class BehrtForMultiLabel(nn.Module):
         sex: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Batch fields as :meth:`BehrtEncoder.forward` -> logits (before the sigmoid): ``(B, num_labels)``,
-        or ``(N, num_labels)`` at the ``score_at`` positions with ``"visit"`` pooling."""
+        or ``(N, num_labels)`` at the ``score_at`` positions with ``"visit"`` pooling.
+
+        With the sparse time path, the mean of its logits and :meth:`deep_logits`: the two are fitted apart
+        (the deep part is trained on its own logits, the path is fixed before training) and averaged, which
+        on the tuning splits beat training the deep part on the path's residual (docs/benchmarks.md, "Tenth
+        round")."""
+        logits = self.deep_logits(token_ids, ages, segments, visit_index, attention_mask, score_at, sex)
+        if self.sparse_time is None:
+            return logits
+        assert score_at is not None  # deep_logits has checked it
+        return (logits.float() + self.sparse_time(token_ids, visit_index, ages, score_at, sex)) / 2.0
+
+    def deep_logits(
+        self,
+        token_ids: torch.Tensor,
+        ages: torch.Tensor,
+        segments: torch.Tensor,
+        visit_index: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        score_at: torch.Tensor | None = None,
+        sex: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The logits of everything trained by gradient descent (all but the sparse time path); arguments
+        and shapes as :meth:`forward`."""
         if attention_mask is None:
             attention_mask = token_ids != PAD_ID
         if self.pooling != "visit":

@@ -77,7 +77,7 @@ class WidePath(nn.Module):
     ) -> torch.Tensor:
         """``(B, T)`` ids, visit numbers, ages in years and the scored [SEP] mask -> ``(N, L)`` float32 logits
         (rows in row-major order of ``score_at``)."""
-        pairs = _history_pairs(token_ids, score_at)
+        pairs = history_pairs(token_ids, score_at)
         ones = torch.ones(len(pairs.code), device=token_ids.device)
         counts = torch.zeros(pairs.n * self.vocab_size, device=token_ids.device)
         counts = counts.index_add(0, pairs.sample * self.vocab_size + pairs.code, ones)  # (N V,)
@@ -143,7 +143,7 @@ class HistoryPairs(NamedTuple):
         return (gap * DAYS_PER_YEAR).clamp(min=0.0)
 
 
-def _history_pairs(token_ids: torch.Tensor, score_at: torch.Tensor) -> HistoryPairs:
+def history_pairs(token_ids: torch.Tensor, score_at: torch.Tensor) -> HistoryPairs:
     """The stream is ordered by visit, so the history of the [SEP] at position ``p`` is the row's code tokens
     at positions ``<= p``."""
     rows, positions = score_at.nonzero(as_tuple=True)  # (N,), (N,)

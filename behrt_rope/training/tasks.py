@@ -163,7 +163,9 @@ class MultiLabelTask(_Task):
         return self.model(**model_inputs(batch), score_at=batch.get("score_at"))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = multilabel_loss(self(batch), batch["targets"], self.pos_weight)
+        # the trained parts learn on their own logits; the frozen sparse time path joins them at scoring
+        logits = self.model.deep_logits(**model_inputs(batch), score_at=batch.get("score_at"))
+        loss = multilabel_loss(logits, batch["targets"], self.pos_weight)
         self._count_padding(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["token_ids"].shape[0])
         return loss
