@@ -26,6 +26,7 @@ SHORT = {
     "logistic_regression_one_cut": "LogReg1cut",
     "gradient_boosting": "GradBoost",
     "sparse_time_regression": "SparseTime",
+    "model_deep_part": "DeepPart",
     "oracle": "Oracle",
 }
 SYNTHETIC_NOTE = (

@@ -7,7 +7,8 @@ BEHRT paper's comparisons, a logistic regression on code presence, age, sex and 
 random cut per train patient. With ``oracle=DIR`` (a ``behrt-rope synth ... oracle=true`` output) every
 predictor is also scored on the held-out samples at the oracle's cut visits, beside the generator's true
 probabilities, with the share of the gap closed: from the every-visit logistic regression (``gap_closed``,
-the stricter yardstick) and from the one-cut one (``gap_closed_one_cut``).
+the stricter yardstick) and from the one-cut one (``gap_closed_one_cut``). A model with the sparse time
+path (the default) is also scored without it (``model_deep_part``, an ablation shown beside the references).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from behrt_rope.training.inference import multilabel_model, resolve_device, scor
 log = logging.getLogger("behrt_rope.evaluate")
 MODEL, LOGISTIC, GBM = "model", "logistic_regression", "gradient_boosting"
 LOGISTIC_ONE_CUT = "logistic_regression_one_cut"
+DEEP_PART = "model_deep_part"
 SPARSE_TIME = "sparse_time_regression"
 TASK_TITLES = {
     "next_visit": "Diagnoses recorded at the next visit",
@@ -124,16 +126,14 @@ def run(config: Config) -> Path:
             len(np.unique(samples.rows)),
             y.shape[1],
         )
-        probs = score(
-            multilabel_model(bundle),
-            held,
-            samples.rows,
-            samples.cuts,
-            config.batch_size,
-            resolve_device(config.device),
-            config.progress,
-        )
+        model = multilabel_model(bundle)
+        device = resolve_device(config.device)
+        probs = score(model, held, samples.rows, samples.cuts, config.batch_size, device, config.progress)
         references = _references(seqs.split(S.TRAIN), held, samples, task, label_of_token, config)
+        if model.sparse_time is not None:  # the ablation: what the encoder and its heads give alone
+            references[DEEP_PART] = score(
+                model, held, samples.rows, samples.cuts, config.batch_size, device, config.progress, deep_only=True
+            )
         labels = bundle["labels"]
 
         def evaluation(scores: np.ndarray) -> dict[str, Any]:

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from behrt_rope import schema as S
 from behrt_rope.cli import main
+from behrt_rope.training.bundle import load_bundle
 from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, error_line, read_metrics
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -57,7 +59,9 @@ def test_evaluate_writes_metrics_and_a_readable_report(visits_run):
         "logistic_regression_one_cut",
         "gradient_boosting",
         "sparse_time_regression",
+        "model_deep_part",  # the ablation: the default model without its sparse time path
     }
+    assert metrics["baselines"]["model_deep_part"]["overall"] != metrics["model"]["overall"]
     for side in sides:
         overall = side["overall"]
         assert 0.0 <= overall["macro_ap"] <= 1.0 and 0.0 <= overall["micro_auroc"] <= 1.0
@@ -78,6 +82,10 @@ def test_finetune_outputs_and_resume(visits_run):
     metrics = read_metrics(d["ft"])
     assert metrics["labels"] > 0 and metrics["train_samples"] > 0
     assert (d["ft"] / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT).exists()
+    # the default model carries its fitted sparse time path: at least each label's rate, on the logit scale
+    fitted = _sparse_time_buffers(d["ft"])
+    assert {"sparse_time.own_weight", "sparse_time.shared_weight", "sparse_time.bias"} <= set(fitted)
+    assert bool((fitted["sparse_time.bias"] < 0).all())  # every label is rarer than 1 in 2 visits here
     _run(
         "finetune",
         "--data",
@@ -94,6 +102,13 @@ def test_finetune_outputs_and_resume(visits_run):
         *FAST_TRAINER,
     )
     assert read_metrics(d["ft"])["steps"] > metrics["steps"]
+    resumed = _sparse_time_buffers(d["ft"])  # the fit is deterministic: a resumed run has the same path
+    assert all(torch.equal(fitted[name], resumed[name]) for name in fitted)
+
+
+def _sparse_time_buffers(finetune_dir: Path) -> dict[str, torch.Tensor]:
+    state = load_bundle(finetune_dir, "multilabel")["state_dict"]
+    return {name: value for name, value in state.items() if name.startswith("sparse_time.")}
 
 
 @pytest.mark.slow
@@ -183,6 +198,7 @@ def test_evaluate_against_the_oracle(oracle_run):
         "logistic_regression_one_cut",
         "gradient_boosting",
         "sparse_time_regression",
+        "model_deep_part",
         "oracle",
     }
     assert 0 < ceiling["n_samples"] == ceiling["n_patients"]  # one cut per held-out patient
@@ -203,6 +219,7 @@ def test_evaluate_against_the_oracle(oracle_run):
     assert "Against the ceiling (synthetic data)" in html and "Oracle (true probabilities)" in html
     assert "Gap closed, one-cut logistic regression to oracle" in html
     assert "Sparse (L1) regression on binned timing of every code" in html
+    assert "Deep part of the model alone (without its sparse time path)" in html
 
 
 @pytest.mark.slow
@@ -215,7 +232,7 @@ def test_demo_headline_names_every_reference_and_both_gap_shares(visits_run, ora
     for stage_name, source in (("evaluate", d["eval"]), ("pretrain", d["pre"]), ("etl", d["etl"])):
         (tmp_path / stage_name).symlink_to(source)
     text = headline(tmp_path)
-    assert all(name in text for name in ("LogReg", "LogReg1cut", "GradBoost", "SparseTime"))
+    assert all(name in text for name in ("LogReg", "LogReg1cut", "GradBoost", "SparseTime", "DeepPart"))
     assert f"{read_metrics(d['eval'])['model']['overall']['macro_ap']:.4f}" in text
     _, ev = oracle_run
     ceiling = read_metrics(ev)["ceiling"]

@@ -54,8 +54,7 @@ def _path_features(seqs, samples, label_ids):
     dataset, collate = labelled_dataset(seqs, samples.rows, samples.cuts, None, None, "visit")
     batch = collate([dataset[i] for i in range(len(dataset))])
     path = SparseTimePath(len(label_ids), label_ids.tolist())
-    inputs = model_inputs(batch)
-    own, shared = path.features(inputs["token_ids"], inputs["visit_index"], inputs["ages"], batch["score_at"], inputs.get("sex"))
+    own, shared = path.features(**_path_args(batch))
     order = np.argsort(_sample_ids(dataset, np.arange(len(dataset))))
     return own.numpy()[order], shared.numpy()[order], batch, order
 

@@ -34,8 +34,11 @@ REFERENCE_NAMES = {
     "logistic_regression_one_cut": "Logistic regression, one cut per patient",
     "gradient_boosting": "Gradient boosting on time features",
     "sparse_time_regression": "Sparse (L1) regression on binned timing of every code",
+    "model_deep_part": "Deep part of the model alone (without its sparse time path)",
 }
-"""Display name of each reference model, by its key in ``metrics.json``; every table of names derives from it."""
+"""Display name of each reference model, by its key in ``metrics.json``; every table of names derives from it.
+``model_deep_part`` is an ablation, not a reference: the fine-tuned model scored without the sparse time path
+that it averages with (the same regression as ``sparse_time_regression``), i.e. what the encoder earns alone."""
 PR_PLOT = "precision_recall.png"
 ROC_PLOT = "roc.png"
 RELIABILITY_PLOT = "reliability.png"
@@ -308,7 +311,9 @@ def _references_section(inputs: ReportInputs, model_name: str) -> str:
         "the same on one random visit per patient (the classic set-up, where shown), gradient-boosted "
         "trees on hand-made time features (how often, how recently and for how long each code was recorded) "
         "and, where shown, a sparse (L1) regression on the same timing binned, for every code at once, so that "
-        "it can find which other code's history matters, both on the same samples as the model. A positive "
+        "it can find which other code's history matters, both on the same samples as the model. The model "
+        "averages its deep part (encoder and attention heads) with that same sparse regression, fitted before "
+        "its training; the deep part's row, where shown, is the model without it. A positive "
         "difference whose interval excludes 0 means the model ranks better on this test set."
     )
     return _section("Against the reference models", _p(intro), _table(headers, rows)) + _ceiling_section(

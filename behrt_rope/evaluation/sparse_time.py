@@ -158,7 +158,7 @@ def fit_sparse_time(
         np.zeros((n_labels, shared_columns(n_labels)), np.float32),
         np.log(rate / (1 - rate)).astype(np.float32),
     )
-    varying = np.flatnonzero((Y.min(axis=0) < Y.max(axis=0)) & (Y.sum(axis=0) >= 2)) if len(Y) else []
+    varying = np.flatnonzero((Y.min(axis=0) < Y.max(axis=0)) & (Y.sum(axis=0) >= 2)) if len(Y) else np.zeros(0, int)
     if not len(varying):
         return fit
     shared = shared_design(train)

@@ -144,7 +144,9 @@ class SparseTimePath(nn.Module):
         span = int(visit_index.max()) + 1
         distinct = torch.unique(slot * span + record_visit)  # (sample, label, visit) once each
         size = pairs.n * self.num_labels
-        count = torch.zeros(size, device=device).index_add(0, distinct // span, torch.ones(len(distinct), device=device))
+        count = torch.zeros(size, device=device).index_add(
+            0, distinct // span, torch.ones(len(distinct), device=device)
+        )
         far = torch.full((size,), float("inf"), device=device)
         stats = {
             "count": count,

@@ -37,9 +37,11 @@ def score(
     batch_size: int = 256,
     device: torch.device | None = None,
     progress: bool = False,
+    deep_only: bool = False,
 ) -> np.ndarray:
     """Probabilities (N, L) float32 for the first ``cuts[i]`` tokens of patient ``rows[i]`` (default: every
     patient's whole stream, i.e. as of its last visit). Each cut must end with a visit's [SEP].
+    ``deep_only``: the model's trained parts alone, without its sparse time path (an ablation).
 
     With visit pooling, all of a patient's samples are scored in one visit-causal pass; items are batched
     in length order to keep padding low.
@@ -56,7 +58,8 @@ def score(
         index = order[start : start + batch_size]
         batch = {k: v.to(device) for k, v in collate([dataset[int(i)] for i in index]).items()}
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(**model_inputs(batch), score_at=batch.get("score_at"))
+            forward = model.deep_logits if deep_only else model
+            logits = forward(**model_inputs(batch), score_at=batch.get("score_at"))
         out[_sample_ids(dataset, index)] = torch.sigmoid(logits.float()).cpu().numpy()
     return out
 
