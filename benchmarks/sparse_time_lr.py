@@ -13,7 +13,9 @@ Fitted per label on the train split's next-visit samples (every visit), scored o
 (held-out is never read), for each ``--c`` (the inverse L1 strength). Prints JSON: tuning macro AP of the
 fine-tuned model (``--model``, whose labels are the ones scored) and of the sparse regression at each C,
 with the mean number of non-zero weights per label, the CPU seconds of the fits, and the macro AP of the mean
-of its logit and the model's (an ensemble of the two).
+of its logit and the model's (an ensemble of the two). Since session 11 the default model already averages
+itself with this regression (its sparse time path): to compare the regression with the deep model alone, pass
+a model fine-tuned with ``model.sparse_time=false``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from behrt_rope import schema as S  # noqa: E402
 from behrt_rope.data.labels import Samples, TaskConfig, build_samples, label_index, targets  # noqa: E402
 from behrt_rope.data.sequences import Sequences, load_tokens  # noqa: E402
-from behrt_rope.evaluation.sparse_time import l1_logistic_regression, label_design, shared_design  # noqa: E402
+from behrt_rope.evaluation.sparse_time import fit_sparse_time  # noqa: E402
 from behrt_rope.evaluation.time_features import time_features  # noqa: E402
 from behrt_rope.training.bundle import load_bundle  # noqa: E402
 from behrt_rope.training.inference import multilabel_model, score  # noqa: E402
@@ -61,20 +63,16 @@ def main() -> None:
     tuning, tuning_samples, y_tuning = split_samples(seqs, S.TUNING, label_of_token)
     f_train = time_features(train, train_samples, label_of_token)
     f_tuning = time_features(tuning, tuning_samples, label_of_token)
-    shared_train, shared_tuning = shared_design(f_train), shared_design(f_tuning)
     result: dict[str, object] = {"train_samples": len(f_train), "tuning_samples": len(f_tuning)}
     probs = score(multilabel_model(bundle), tuning, tuning_samples.rows, tuning_samples.cuts)
     result["model"] = round(macro_average_precision(y_tuning, probs), 4)
     model_logits = np.log(np.clip(probs, 1e-6, 1 - 1e-6)) - np.log(np.clip(1 - probs, 1e-6, 1.0))
     for c in args.c:
         started = time.process_time()
-        scores, nonzero = np.zeros(y_tuning.shape), []
-        for j in range(y_train.shape[1]):
-            if y_train[:, j].min() == y_train[:, j].max():
-                continue
-            fitted = l1_logistic_regression(c).fit(label_design(f_train, shared_train, j), y_train[:, j])
-            scores[:, j] = fitted.decision_function(label_design(f_tuning, shared_tuning, j))
-            nonzero.append(int((fitted.coef_ != 0).sum()))
+        fit = fit_sparse_time(f_train, y_train, c, n_jobs=1)
+        scores = fit.logits(f_tuning)
+        fitted = y_train.min(axis=0) < y_train.max(axis=0)
+        nonzero = ((fit.own_weight != 0).sum(1) + (fit.shared_weight != 0).sum(1))[fitted]
         result[f"sparse_lr_c{c:g}"] = {
             "macro_ap": round(macro_average_precision(y_tuning, scores), 4),
             "mean_logit_with_model": round(macro_average_precision(y_tuning, (scores + model_logits) / 2), 4),
