@@ -129,14 +129,7 @@ class SparseTimePath(nn.Module):
         """Per (scored position, label) ``(N, L)`` float32: visits recording the label's code, visits and days
         since the last record and days since the first (undefined where the count is 0)."""
         device = pairs.code.device
-        ids = self.label_token_ids
-        size = max(int(pairs.code.max()) if len(pairs.code) else 0, int(ids.max()) if len(ids) else 0) + 1
-        label_of_code = torch.full((size,), -1, dtype=torch.long, device=device)
-        known = ids >= 0
-        label_of_code[ids[known]] = torch.arange(self.num_labels, device=device)[known]
-        label = label_of_code[pairs.code]  # (P,)
-        keep = label >= 0
-        pairs, label = pairs.subset(keep), label[keep]
+        pairs, label = pairs.of_labels(self.label_token_ids)
         slot = pairs.sample * self.num_labels + label  # (P',) flat (scored position, label) index
         visits, days = pairs.visits(visit_index), _whole_days(pairs.days(ages))  # (P',)
         record_visit = visit_index[pairs.patient, pairs.position]  # (P',)
@@ -167,7 +160,7 @@ def _bins(values: torch.Tensor, edges: tuple[float, ...], present: torch.Tensor)
     """One-hot bins ``values.shape + (len(edges) + 1,)`` float32, zeros where not ``present``; a value equal
     to an edge goes to the bin above it (as ``numpy.digitize``)."""
     boundaries = torch.tensor(edges, dtype=torch.float32, device=values.device)
-    index = torch.bucketize(values.float().clamp(max=1e30), boundaries, right=True)
+    index = torch.bucketize(values.float(), boundaries, right=True)
     return nn.functional.one_hot(index, len(edges) + 1).float() * present[..., None].float()
 
 

@@ -90,12 +90,7 @@ class WidePath(nn.Module):
     def own_code_features(self, pairs: HistoryPairs, visit_index: torch.Tensor, ages: torch.Tensor) -> torch.Tensor:
         """``(N, L, F)`` float32: the time course of each label's own code at each scored position."""
         assert self.log_visit_scale is not None and self.log_day_scale is not None
-        label_of_code = torch.full((self.vocab_size,), -1, dtype=torch.long, device=pairs.code.device)
-        known = self.label_token_ids >= 0
-        label_of_code[self.label_token_ids[known]] = torch.arange(self.num_labels, device=pairs.code.device)[known]
-        label = label_of_code[pairs.code]  # (P,)
-        keep = label >= 0
-        pairs, label = pairs.subset(keep), label[keep]
+        pairs, label = pairs.of_labels(self.label_token_ids)
         visits, days = pairs.visits(visit_index), pairs.days(ages)  # (P',), (P',)
         slot = pairs.sample * self.num_labels + label  # (P',) flat (scored position, label) index
         per_pair = torch.cat(
@@ -131,6 +126,18 @@ class HistoryPairs(NamedTuple):
 
     def subset(self, keep: torch.Tensor) -> HistoryPairs:
         return HistoryPairs(self.n, *(t[keep] for t in self[1:]))
+
+    def of_labels(self, label_token_ids: torch.Tensor) -> tuple[HistoryPairs, torch.Tensor]:
+        """The pairs whose code is a label's (``label_token_ids`` ``(L,)``, -1: none), and that label
+        ``(P',)``."""
+        ids = label_token_ids
+        size = max(int(self.code.max()) if len(self.code) else 0, int(ids.max()) if len(ids) else 0) + 1
+        label_of_code = torch.full((size,), -1, dtype=torch.long, device=self.code.device)
+        known = ids >= 0
+        label_of_code[ids[known]] = torch.arange(len(ids), device=self.code.device)[known]
+        label = label_of_code[self.code]  # (P,)
+        keep = label >= 0
+        return self.subset(keep), label[keep]
 
     def visits(self, visit_index: torch.Tensor) -> torch.Tensor:
         """``(P,)`` float32 visits from each token's visit to the scored one."""
