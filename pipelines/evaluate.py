@@ -26,7 +26,15 @@ import scipy.sparse as sp
 
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
-from behrt_rope.data.labels import Samples, TaskConfig, build_samples, history, label_index, targets
+from behrt_rope.data.labels import (
+    Samples,
+    TaskConfig,
+    build_samples,
+    history,
+    label_index,
+    subsample_index,
+    targets,
+)
 from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary, ragged_positions
 from behrt_rope.errors import UserError
 from behrt_rope.etl import descriptions
@@ -197,11 +205,7 @@ def _long_predictions(
 def _train_samples(train: Sequences, task: TaskConfig, config: Config) -> Samples:
     """The train split's samples of the task, a seeded subsample of at most ``baseline_max_train_samples``."""
     samples = build_samples(train, task)
-    if len(samples) <= config.baseline_max_train_samples:
-        return samples
-    rng = np.random.default_rng(config.seed)
-    keep = np.sort(rng.choice(len(samples), config.baseline_max_train_samples, replace=False))
-    return Samples(samples.rows[keep], samples.cuts[keep], samples.label_spans[keep], samples.times[keep])
+    return samples.take(subsample_index(len(samples), config.baseline_max_train_samples, config.seed))
 
 
 def _references(

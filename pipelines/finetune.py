@@ -26,6 +26,7 @@ from behrt_rope.data.labels import (
     label_counts,
     label_index,
     resolve_min_label_count,
+    subsample_index,
     targets,
 )
 from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary
@@ -68,6 +69,9 @@ class Config:
     """Cap on the positive-class weights."""
     sparse_time_c: float = DEFAULT_C
     """With model.sparse_time, the inverse L1 strength of the sparse time path's regression."""
+    sparse_time_max_samples: int = 200_000
+    """With model.sparse_time, fit the path on at most this many train samples (a seeded subsample), to bound
+    its time and memory (its features take 24 bytes per sample and label)."""
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     """Without --pretrained, the whole model; with it, only the head's settings (label_attention_heads,
@@ -140,7 +144,9 @@ def run(config: Config) -> Path:
         if pretrained_state is not None:
             load_encoder_weights(task.model, pretrained_state)
         if task.model.sparse_time is not None:
-            _fit_sparse_time_path(task, train_seqs, train_samples, label_of_token, train.y, config.sparse_time_c)
+            keep = subsample_index(len(train.y), config.sparse_time_max_samples, tc.seed)
+            fit_samples, y = train_samples.take(keep), train.y[keep]
+            _fit_sparse_time_path(task, train_seqs, fit_samples, label_of_token, y, config.sparse_time_c)
         train_loader = make_loader(train.dataset, tc, train.collate, True)
         val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
         trainer = build_trainer(tc, out, "val/macro_ap" if val_loader is not None else None, "max", train_loader)

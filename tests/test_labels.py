@@ -148,3 +148,16 @@ def test_one_cut_reference_samples_one_visit_per_patient_and_reads_presence_age_
     assert dense.shape == (12, 6)
     visits = np.sort(np.unique(np.expm1(dense[:, -1]).round(6)))
     assert visits.tolist() == [1.0, 2.0, 3.0, 4.0]  # cuts after visits 1 to 4 of 5
+
+
+def test_seeded_subsample_is_sorted_reproducible_and_take_keeps_fields_aligned():
+    from behrt_rope.data.labels import Samples, subsample_index
+
+    first, again = subsample_index(1000, 50, seed=7), subsample_index(1000, 50, seed=7)
+    assert np.array_equal(first, again) and len(np.unique(first)) == 50 and np.all(np.diff(first) > 0)
+    assert not np.array_equal(first, subsample_index(1000, 50, seed=8))
+    n = 6
+    samples = Samples(np.arange(n), np.arange(n) * 10, np.stack([np.arange(n), np.arange(n) + 1], 1), np.arange(n))
+    taken = samples.take(np.array([4, 1]))
+    assert taken.rows.tolist() == [4, 1] and taken.cuts.tolist() == [40, 10]
+    assert taken.label_spans.tolist() == [[4, 5], [1, 2]] and taken.times.tolist() == [4, 1]

@@ -66,6 +66,22 @@ class Samples:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def take(self, index: np.ndarray) -> Samples:
+        """The samples at ``index`` (an integer array), in that order."""
+        return Samples(self.rows[index], self.cuts[index], self.label_spans[index], self.times[index])
+
+
+def subsample_index(n: int, limit: int, seed: int) -> np.ndarray:
+    """Sorted positions of a seeded random subsample of at most ``limit`` of ``n`` items (all of them when
+    ``n <= limit``).
+
+    >>> subsample_index(3, 5, seed=0).tolist(), len(subsample_index(10, 4, seed=0))
+    ([0, 1, 2], 4)
+    """
+    if n <= limit:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, limit, replace=False))
+
 
 def visit_table(seqs: Sequences) -> pd.DataFrame:
     """One row per visit: patient row, visit number k, flat position of its [SEP], its date (days)."""
