@@ -140,7 +140,7 @@ def run(config: Config) -> Path:
         references = _references(seqs.split(S.TRAIN), held, samples, task, label_of_token, config)
         if model.sparse_time is not None:  # the ablation: what the encoder and its heads give alone
             references[DEEP_PART] = score(
-                model, held, samples.rows, samples.cuts, config.batch_size, device, config.progress, deep_only=True
+                model, held, samples.rows, samples.cuts, config.batch_size, device, config.progress, part="deep"
             )
         labels = bundle["labels"]
 

@@ -39,8 +39,9 @@ from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle, save_bundle, task_state_dict
 from behrt_rope.training.checkpoints import load_task_weights
 from behrt_rope.training.config import TrainerConfig
+from behrt_rope.training.inference import score
 from behrt_rope.training.loaders import make_loader, padding_report
-from behrt_rope.training.tasks import MultiLabelTask
+from behrt_rope.training.tasks import MultiLabelTask, macro_average_precision
 from behrt_rope.training.trainer import build_trainer, resume_path
 
 log = logging.getLogger("behrt_rope.finetune")
@@ -69,6 +70,9 @@ class Config:
     """Cap on the positive-class weights."""
     sparse_time_c: float = DEFAULT_C
     """With model.sparse_time, the inverse L1 strength of the sparse time path's regression."""
+    sparse_time_share: float | None = None
+    """With model.sparse_time, the path's weight in the model's logit (the deep part has 1 minus it); null:
+    the one of SHARE_GRID with the best tuning macro AP after training (0.5 without a tuning split)."""
     sparse_time_max_samples: int = 200_000
     """With model.sparse_time, fit the path on at most this many train samples (a seeded subsample), to bound
     its time and memory (its features take 24 bytes per sample and label)."""
@@ -91,6 +95,7 @@ class SplitData:
     """One split's sequences, samples, dataset (with its collate function) and label matrix."""
 
     seqs: Sequences
+    samples: Samples
     dataset: torch.utils.data.Dataset
     collate: Callable
     y: np.ndarray
@@ -157,6 +162,9 @@ def run(config: Config) -> Path:
         if best:
             task = new_task()
             load_task_weights(task, best)
+        shares = {}
+        if task.model.sparse_time is not None:
+            shares = _set_path_share(task, tuning, config.sparse_time_share, trainer.strategy.root_device)
         # every rank validates (a collective under DDP); only rank 0 writes
         val = trainer.validate(task, val_loader, verbose=False)[0] if val_loader is not None else {}
         if trainer.is_global_zero:
@@ -173,6 +181,7 @@ def run(config: Config) -> Path:
                 "steps": trainer.global_step,
                 "train_seconds": round(seconds, 1),
                 "best_checkpoint": best,
+                **shares,
                 "pretrained": config.pretrained or None,
                 **padding_report(train.dataset, tc),
             }
@@ -192,6 +201,44 @@ def run(config: Config) -> Path:
             )
             log.info("finetune: tuning macro AP %.4f over %d labels", metrics["tuning_macro_ap"], len(label_ids))
     return out_dir
+
+
+SHARE_GRID = (0.25, 0.4, 0.5, 0.6, 0.75)
+"""The sparse time path's shares that ``finetune`` chooses from on the tuning split."""
+
+
+def _set_path_share(task: MultiLabelTask, tuning: SplitData, share: float | None, device: torch.device) -> dict:
+    """Set the sparse time path's share of the logit: ``share``, or the best of :data:`SHARE_GRID` on the
+    tuning split (deterministic, so every DDP rank sets the same). Returns what ``metrics.json`` records."""
+    assert task.model.sparse_time is not None
+    if share is None and len(tuning.y):
+        rows, cuts = tuning.samples.rows, tuning.samples.cuts
+        deep, path = (
+            logit(score(task.model, tuning.seqs, rows, cuts, device=device, part=p)) for p in ("deep", "path")
+        )
+        scores = choose_share(deep, path, tuning.y)
+        share = max(scores, key=lambda w: (scores[w], -abs(w - 0.5)))  # ties: the more even mix
+        log.info("finetune: sparse time path share %.2f (tuning macro AP by share: %s)", share, scores)
+        task.model.sparse_time.set_share(share)
+        return {"sparse_time_share": share, "tuning_macro_ap_by_share": scores}
+    task.model.sparse_time.set_share(0.5 if share is None else share)
+    return {"sparse_time_share": float(task.model.sparse_time.share)}
+
+
+def choose_share(deep: np.ndarray, path: np.ndarray, y: np.ndarray) -> dict[float, float]:
+    """Tuning macro AP of ``(1 - w) deep + w path`` (``(N, L)`` logits) for each ``w`` of :data:`SHARE_GRID`.
+
+    >>> y = np.array([[1], [0], [1], [0]])
+    >>> choose_share(np.array([[2.0], [1.0], [-1.0], [0.0]]), np.array([[1.0], [0.0], [1.0], [-1.0]]), y)[0.75]
+    1.0
+    """
+    return {w: round(macro_average_precision(y, (1 - w) * deep + w * path), 5) for w in SHARE_GRID}
+
+
+def logit(probs: np.ndarray) -> np.ndarray:
+    """Log-odds of probabilities, clipped to [1e-7, 1 - 1e-7]."""
+    p = np.clip(probs.astype(np.float64), 1e-7, 1 - 1e-7)
+    return np.log(p) - np.log1p(-p)
 
 
 def _fit_sparse_time_path(
@@ -242,7 +289,7 @@ def _split_data(
 ) -> SplitData:
     samples = build_samples(seqs, task) if samples is None else samples
     dataset, collate = labelled_dataset(seqs, samples.rows, samples.cuts, samples.label_spans, label_of_token, pooling)
-    return SplitData(seqs, dataset, collate, targets(seqs, samples, label_of_token))
+    return SplitData(seqs, samples, dataset, collate, targets(seqs, samples, label_of_token))
 
 
 def _encoder_start(config: Config, tokens: list[str]) -> tuple[ModelConfig, dict | None]:

@@ -12,6 +12,7 @@ import torch
 from behrt_rope import schema as S
 from behrt_rope.cli import main
 from behrt_rope.training.bundle import load_bundle
+from pipelines.finetune import SHARE_GRID
 from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, error_line, read_metrics
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -86,6 +87,11 @@ def test_finetune_outputs_and_resume(visits_run):
     fitted = _sparse_time_buffers(d["ft"])
     assert {"sparse_time.own_weight", "sparse_time.shared_weight", "sparse_time.bias"} <= set(fitted)
     assert bool((fitted["sparse_time.bias"] < 0).all())  # every label is rarer than 1 in 2 visits here
+    # its share of the logit is the grid value with the best tuning macro AP (ties: the more even mix)
+    by_share = {float(w): ap for w, ap in metrics["tuning_macro_ap_by_share"].items()}
+    assert set(by_share) == set(SHARE_GRID) and metrics["sparse_time_share"] in SHARE_GRID
+    assert by_share[metrics["sparse_time_share"]] == max(by_share.values())
+    assert float(fitted["sparse_time.share"]) == metrics["sparse_time_share"]
     _run(
         "finetune",
         "--data",

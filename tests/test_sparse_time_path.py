@@ -123,5 +123,10 @@ def test_model_logit_is_the_mean_of_the_deep_part_and_the_path_and_training_read
     inputs = model_inputs(batch) | {"score_at": batch["score_at"]}
     with torch.no_grad():
         deep, path, both = model.deep_logits(**inputs), model.sparse_time(**_path_args(batch)), model(**inputs)
-    torch.testing.assert_close(both, (deep + path) / 2)
+    torch.testing.assert_close(both, (deep + path) / 2)  # share 0.5 until finetune chooses one
     assert not torch.allclose(deep, path)
+    model.sparse_time.set_share(0.75)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs), 0.25 * deep + 0.75 * path)
+    with pytest.raises(ValueError, match=r"share must lie in \[0, 1\], got 1.5"):
+        model.sparse_time.set_share(1.5)

@@ -222,15 +222,28 @@ class BehrtForMultiLabel(nn.Module):
         """Batch fields as :meth:`BehrtEncoder.forward` -> logits (before the sigmoid): ``(B, num_labels)``,
         or ``(N, num_labels)`` at the ``score_at`` positions with ``"visit"`` pooling.
 
-        With the sparse time path, the mean of its logits and :meth:`deep_logits`: the two are fitted apart
-        (the deep part is trained on its own logits, the path is fixed before training) and averaged, which
-        on the tuning splits beat training the deep part on the path's residual (docs/benchmarks.md, "Tenth
-        round")."""
+        With the sparse time path, a weighted mean of its logits and :meth:`deep_logits` (the path's weight
+        is its ``share``): the two are fitted apart (the deep part is trained on its own logits, the path is
+        fixed before training) and averaged, which on the tuning splits beat training the deep part on the
+        path's residual (docs/benchmarks.md, "Tenth round")."""
         logits = self.deep_logits(token_ids, ages, segments, visit_index, attention_mask, score_at, sex)
         if self.sparse_time is None:
             return logits
-        assert score_at is not None  # deep_logits has checked it
-        return (logits.float() + self.sparse_time(token_ids, visit_index, ages, score_at, sex)) / 2.0
+        share = self.sparse_time.share
+        return (1.0 - share) * logits.float() + share * self.path_logits(token_ids, visit_index, ages, score_at, sex)
+
+    def path_logits(
+        self,
+        token_ids: torch.Tensor,
+        visit_index: torch.Tensor,
+        ages: torch.Tensor,
+        score_at: torch.Tensor | None,
+        sex: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The sparse time path's ``(N, L)`` float32 logits alone (an error without the path)."""
+        if self.sparse_time is None or score_at is None:
+            raise ValueError("path_logits needs the sparse time path (model.sparse_time) and score_at")
+        return self.sparse_time(token_ids, visit_index, ages, score_at, sex)
 
     def deep_logits(
         self,

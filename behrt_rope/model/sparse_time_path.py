@@ -14,7 +14,8 @@ and Ray need nothing else). At each scored visit, over the ``L`` label codes:
 The weights are not trained by gradient descent: ``finetune`` fits them with scikit-learn before the deep
 training (:func:`behrt_rope.evaluation.sparse_time.fit_sparse_time`) and loads them with :meth:`load_fit`;
 they are buffers, saved and loaded with the rest of the model. The deep part is trained on its own
-logits, and the model's logit is the mean of the two (two different learners, each with its own errors).
+logits, and the model's logit is a weighted mean of the two (two different learners, each with its own
+errors): the path's ``share`` is 0.5 during training and is then chosen on the tuning split.
 An L1 prior finds the few cross-code timing
 effects that matter among many, which neither the transformer nor gradient boosting found on our tuning
 cohorts (docs/benchmarks.md, "Ninth round").
@@ -66,6 +67,7 @@ class SparseTimePath(nn.Module):
     own_weight: torch.Tensor  # (L, 20) float32
     shared_weight: torch.Tensor  # (L, 7 L + 18) float32
     bias: torch.Tensor  # (L,) float32
+    share: torch.Tensor  # () float32: the path's share of the model's logit
 
     def __init__(self, num_labels: int, label_token_ids: Sequence[int] | torch.Tensor | None = None) -> None:
         super().__init__()
@@ -75,6 +77,8 @@ class SparseTimePath(nn.Module):
         self.register_buffer("own_weight", torch.zeros(num_labels, OWN_COLUMNS))
         self.register_buffer("shared_weight", torch.zeros(num_labels, shared_columns(num_labels)))
         self.register_buffer("bias", torch.zeros(num_labels))
+        # The model's logit is (1 - share) * deep part + share * path; finetune chooses it on the tuning split.
+        self.register_buffer("share", torch.tensor(0.5))
 
     def load_fit(self, own_weight: torch.Tensor, shared_weight: torch.Tensor, bias: torch.Tensor) -> None:
         """Set the fitted weights: ``(L, 20)``, ``(L, 7 L + 18)`` and ``(L,)`` (logit scale)."""
@@ -84,6 +88,12 @@ class SparseTimePath(nn.Module):
             if value.shape != target.shape:
                 raise ValueError(f"{name} must have shape {tuple(target.shape)}, got {tuple(value.shape)}")
             target.copy_(value)
+
+    def set_share(self, share: float) -> None:
+        """The path's share of the model's logit, in [0, 1]."""
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"the sparse time path's share must lie in [0, 1], got {share}")
+        self.share.fill_(share)
 
     def forward(
         self,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -37,11 +37,11 @@ def score(
     batch_size: int = 256,
     device: torch.device | None = None,
     progress: bool = False,
-    deep_only: bool = False,
+    part: Literal["model", "deep", "path"] = "model",
 ) -> np.ndarray:
     """Probabilities (N, L) float32 for the first ``cuts[i]`` tokens of patient ``rows[i]`` (default: every
     patient's whole stream, i.e. as of its last visit). Each cut must end with a visit's [SEP].
-    ``deep_only``: the model's trained parts alone, without its sparse time path (an ablation).
+    ``part``: the whole model, its trained (deep) parts alone, or its sparse time path alone.
 
     With visit pooling, all of a patient's samples are scored in one visit-causal pass; items are batched
     in length order to keep padding low.
@@ -58,10 +58,20 @@ def score(
         index = order[start : start + batch_size]
         batch = {k: v.to(device) for k, v in collate([dataset[int(i)] for i in index]).items()}
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            forward = model.deep_logits if deep_only else model
-            logits = forward(**model_inputs(batch), score_at=batch.get("score_at"))
+            logits = _part_logits(model, part, batch)
         out[_sample_ids(dataset, index)] = torch.sigmoid(logits.float()).cpu().numpy()
     return out
+
+
+def _part_logits(model: BehrtForMultiLabel, part: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    inputs, score_at = model_inputs(batch), batch.get("score_at")
+    if part == "path":
+        return model.path_logits(
+            inputs["token_ids"], inputs["visit_index"], inputs["ages"], score_at, inputs.get("sex")
+        )
+    if part not in ("model", "deep"):
+        raise ValueError(f"part must be 'model', 'deep' or 'path', got {part!r}")
+    return (model if part == "model" else model.deep_logits)(**inputs, score_at=score_at)
 
 
 def _sample_ids(dataset: torch.utils.data.Dataset, items: np.ndarray) -> np.ndarray:
