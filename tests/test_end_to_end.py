@@ -91,6 +91,8 @@ def test_finetune_outputs_and_resume(visits_run):
     by_share = {float(w): ap for w, ap in metrics["tuning_macro_ap_by_share"].items()}
     assert set(by_share) == set(SHARE_GRID) and metrics["sparse_time_share"] in SHARE_GRID
     assert by_share[metrics["sparse_time_share"]] == max(by_share.values())
+    # ... scored as the saved model scores (eval mode): the same tuning macro AP as the final validation
+    assert by_share[metrics["sparse_time_share"]] == pytest.approx(metrics["tuning_macro_ap"], abs=2e-5)
     assert float(fitted["sparse_time.share"]) == metrics["sparse_time_share"]
     _run(
         "finetune",

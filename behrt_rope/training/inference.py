@@ -44,10 +44,10 @@ def score(
     ``part``: the whole model, its trained (deep) parts alone, or its sparse time path alone.
 
     With visit pooling, all of a patient's samples are scored in one visit-causal pass; items are batched
-    in length order to keep padding low.
+    in length order to keep padding low. Puts ``model`` in eval mode.
     """
     device = device or torch.device("cpu")
-    model = model.to(device)
+    model = model.to(device).eval()  # no dropout; a model straight from training is in train mode
     rows = np.arange(len(seqs)) if rows is None else np.asarray(rows, dtype=np.int64)
     cuts = seqs.lengths[rows] if cuts is None else np.asarray(cuts, dtype=np.int64)
     dataset, collate = labelled_dataset(seqs, rows, cuts, None, None, model.pooling)
