@@ -31,17 +31,16 @@ from behrt_rope.data.labels import (
 )
 from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary
 from behrt_rope.errors import UserError
-from behrt_rope.evaluation.sparse_time import DEFAULT_C, fit_sparse_time
-from behrt_rope.evaluation.time_features import time_features
+from behrt_rope.evaluation.sparse_time import DEFAULT_C
 from behrt_rope.model.config import HEAD_FIELDS, ModelConfig
 from behrt_rope.model.heads import load_encoder_weights, pos_weight_from_counts
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle, save_bundle, task_state_dict
 from behrt_rope.training.checkpoints import load_task_weights
 from behrt_rope.training.config import TrainerConfig
-from behrt_rope.training.inference import score
 from behrt_rope.training.loaders import make_loader, padding_report
-from behrt_rope.training.tasks import MultiLabelTask, macro_average_precision
+from behrt_rope.training.sparse_time_fit import fit_path, set_path_share
+from behrt_rope.training.tasks import MultiLabelTask
 from behrt_rope.training.trainer import build_trainer, resume_path
 
 log = logging.getLogger("behrt_rope.finetune")
@@ -72,7 +71,8 @@ class Config:
     """With model.sparse_time, the inverse L1 strength of the sparse time path's regression."""
     sparse_time_share: float | None = None
     """With model.sparse_time, the path's weight in the model's logit (the deep part has 1 minus it); null:
-    the one of SHARE_GRID with the best tuning macro AP after training (0.5 without a tuning split)."""
+    the one of ``training.sparse_time_fit.SHARE_GRID`` with the best tuning macro AP after training (0.5
+    without a tuning split)."""
     sparse_time_max_samples: int = 200_000
     """With model.sparse_time, fit the path on at most this many train samples (a seeded subsample), to bound
     its time and memory (its features take 24 bytes per sample and label)."""
@@ -151,7 +151,7 @@ def run(config: Config) -> Path:
         if task.model.sparse_time is not None:
             keep = subsample_index(len(train.y), config.sparse_time_max_samples, tc.seed)
             fit_samples, y = train_samples.take(keep), train.y[keep]
-            _fit_sparse_time_path(task, train_seqs, fit_samples, label_of_token, y, config.sparse_time_c)
+            fit_path(task.model, train_seqs, fit_samples, label_of_token, y, config.sparse_time_c)
         train_loader = make_loader(train.dataset, tc, train.collate, True)
         val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
         trainer = build_trainer(tc, out, "val/macro_ap" if val_loader is not None else None, "max", train_loader)
@@ -164,7 +164,8 @@ def run(config: Config) -> Path:
             load_task_weights(task, best)
         shares = {}
         if task.model.sparse_time is not None:
-            shares = _set_path_share(task, tuning, config.sparse_time_share, trainer.strategy.root_device)
+            share, device = config.sparse_time_share, trainer.strategy.root_device
+            shares = set_path_share(task.model, tuning.seqs, tuning.samples, tuning.y, share, device)
         # every rank validates (a collective under DDP); only rank 0 writes
         val = trainer.validate(task, val_loader, verbose=False)[0] if val_loader is not None else {}
         if trainer.is_global_zero:
@@ -201,69 +202,6 @@ def run(config: Config) -> Path:
             )
             log.info("finetune: tuning macro AP %.4f over %d labels", metrics["tuning_macro_ap"], len(label_ids))
     return out_dir
-
-
-SHARE_GRID = (0.25, 0.4, 0.5, 0.6, 0.75)
-"""The sparse time path's shares that ``finetune`` chooses from on the tuning split."""
-
-
-def _set_path_share(task: MultiLabelTask, tuning: SplitData, share: float | None, device: torch.device) -> dict:
-    """Set the sparse time path's share of the logit: ``share``, or the best of :data:`SHARE_GRID` on the
-    tuning split (deterministic, so every DDP rank sets the same). Returns what ``metrics.json`` records."""
-    assert task.model.sparse_time is not None
-    if share is None and len(tuning.y):
-        rows, cuts = tuning.samples.rows, tuning.samples.cuts
-        deep, path = (
-            logit(score(task.model, tuning.seqs, rows, cuts, device=device, part=p)) for p in ("deep", "path")
-        )
-        scores = choose_share(deep, path, tuning.y)
-        share = max(scores, key=lambda w: (scores[w], -abs(w - 0.5)))  # ties: the more even mix
-        log.info("finetune: sparse time path share %.2f (tuning macro AP by share: %s)", share, scores)
-        task.model.sparse_time.set_share(share)
-        return {"sparse_time_share": share, "tuning_macro_ap_by_share": scores}
-    task.model.sparse_time.set_share(0.5 if share is None else share)
-    return {"sparse_time_share": float(task.model.sparse_time.share)}
-
-
-def choose_share(deep: np.ndarray, path: np.ndarray, y: np.ndarray) -> dict[float, float]:
-    """Tuning macro AP of ``(1 - w) deep + w path`` (``(N, L)`` logits) for each ``w`` of :data:`SHARE_GRID`.
-
-    >>> y = np.array([[1], [0], [1], [0]])
-    >>> choose_share(np.array([[2.0], [1.0], [-1.0], [0.0]]), np.array([[1.0], [0.0], [1.0], [-1.0]]), y)[0.75]
-    1.0
-    """
-    return {w: round(macro_average_precision(y, (1 - w) * deep + w * path), 5) for w in SHARE_GRID}
-
-
-def logit(probs: np.ndarray) -> np.ndarray:
-    """Log-odds of probabilities, clipped to [1e-7, 1 - 1e-7]."""
-    p = np.clip(probs.astype(np.float64), 1e-7, 1 - 1e-7)
-    return np.log(p) - np.log1p(-p)
-
-
-def _fit_sparse_time_path(
-    task: MultiLabelTask,
-    seqs: Sequences,
-    samples: Samples,
-    label_of_token: np.ndarray,
-    y: np.ndarray,
-    c: float,
-) -> None:
-    """Fit the sparse time path's regression on the train samples and load it into the model (frozen)."""
-    assert task.model.sparse_time is not None
-    started = time.perf_counter()
-    fit = fit_sparse_time(time_features(seqs, samples, label_of_token), y, c, progress=True)
-    task.model.sparse_time.load_fit(
-        torch.from_numpy(fit.own_weight), torch.from_numpy(fit.shared_weight), torch.from_numpy(fit.bias)
-    )
-    nonzero = int((fit.own_weight != 0).sum() + (fit.shared_weight != 0).sum())
-    log.info(
-        "finetune: sparse time path fitted on %d samples (C=%g): %.1f non-zero weights per label, %.1f s",
-        len(y),
-        c,
-        nonzero / max(len(fit.bias), 1),
-        time.perf_counter() - started,
-    )
 
 
 def _no_labels_message(config: Config, seqs: Sequences, train_seqs: Sequences, samples: Samples, min_count: int) -> str:

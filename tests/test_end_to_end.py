@@ -12,7 +12,7 @@ import torch
 from behrt_rope import schema as S
 from behrt_rope.cli import main
 from behrt_rope.training.bundle import load_bundle
-from pipelines.finetune import SHARE_GRID
+from behrt_rope.training.sparse_time_fit import SHARE_GRID
 from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, error_line, read_metrics
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -1,0 +1,92 @@
+"""Fitting the sparse time path around fine-tuning: its regression before the deep training, its share after.
+
+``finetune`` calls :func:`fit_path` before training (scikit-learn's L1 fit, loaded into the model's frozen
+buffers) and :func:`set_path_share` after it (the path's weight in the model's logit, chosen on the tuning
+split). See ``behrt_rope/model/sparse_time_path.py`` for the path itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from behrt_rope.data.labels import Samples
+from behrt_rope.data.sequences import Sequences
+from behrt_rope.evaluation.sparse_time import fit_sparse_time
+from behrt_rope.evaluation.time_features import time_features
+from behrt_rope.model.heads import BehrtForMultiLabel
+from behrt_rope.training.inference import score
+from behrt_rope.training.tasks import macro_average_precision
+
+log = logging.getLogger("behrt_rope.finetune")
+SHARE_GRID = (0.25, 0.4, 0.5, 0.6, 0.75)
+"""The sparse time path's shares that :func:`set_path_share` chooses from on the tuning split."""
+
+
+def fit_path(
+    model: BehrtForMultiLabel, seqs: Sequences, samples: Samples, label_of_token: np.ndarray, y: np.ndarray, c: float
+) -> None:
+    """Fit the path's regression on ``samples`` of ``seqs`` (``y`` ``(N, L)`` their targets) and load it."""
+    assert model.sparse_time is not None
+    started = time.perf_counter()
+    fit = fit_sparse_time(time_features(seqs, samples, label_of_token), y, c, progress=True)
+    model.sparse_time.load_fit(
+        torch.from_numpy(fit.own_weight), torch.from_numpy(fit.shared_weight), torch.from_numpy(fit.bias)
+    )
+    nonzero = int((fit.own_weight != 0).sum() + (fit.shared_weight != 0).sum())
+    log.info(
+        "finetune: sparse time path fitted on %d samples (C=%g): %.1f non-zero weights per label, %.1f s",
+        len(y),
+        c,
+        nonzero / max(len(fit.bias), 1),
+        time.perf_counter() - started,
+    )
+
+
+def set_path_share(
+    model: BehrtForMultiLabel,
+    seqs: Sequences,
+    samples: Samples,
+    y: np.ndarray,
+    share: float | None,
+    device: torch.device | None = None,
+) -> dict[str, Any]:
+    """Set the path's share of the logit: ``share``, or the best of :data:`SHARE_GRID` on the tuning
+    ``samples`` of ``seqs`` (``y`` their targets; deterministic, so every DDP rank sets the same; 0.5 without
+    samples). Returns what ``metrics.json`` records."""
+    assert model.sparse_time is not None
+    if share is None and len(y):
+        deep, path = (
+            logit(score(model, seqs, samples.rows, samples.cuts, device=device, part=p)) for p in ("deep", "path")
+        )
+        scores = choose_share(deep, path, y)
+        share = max(scores, key=lambda w: (scores[w], -abs(w - 0.5)))  # ties: the more even mix
+        log.info("finetune: sparse time path share %.2f (tuning macro AP by share: %s)", share, scores)
+        model.sparse_time.set_share(share)
+        return {"sparse_time_share": share, "tuning_macro_ap_by_share": scores}
+    model.sparse_time.set_share(0.5 if share is None else share)
+    return {"sparse_time_share": float(model.sparse_time.share)}
+
+
+def choose_share(deep: np.ndarray, path: np.ndarray, y: np.ndarray) -> dict[float, float]:
+    """Tuning macro AP of ``(1 - w) deep + w path`` (``(N, L)`` logits) for each ``w`` of :data:`SHARE_GRID`.
+
+    >>> y = np.array([[1], [0], [1], [0]])
+    >>> choose_share(np.array([[2.0], [1.0], [-1.0], [0.0]]), np.array([[1.0], [0.0], [1.0], [-1.0]]), y)[0.75]
+    1.0
+    """
+    return {w: round(macro_average_precision(y, (1 - w) * deep + w * path), 5) for w in SHARE_GRID}
+
+
+def logit(probs: np.ndarray) -> np.ndarray:
+    """Log-odds of probabilities, clipped to [1e-7, 1 - 1e-7].
+
+    >>> logit(np.array([0.5, 1.0])).round(2).tolist()
+    [0.0, 16.12]
+    """
+    p = np.clip(probs.astype(np.float64), 1e-7, 1 - 1e-7)
+    return np.asarray(np.log(p) - np.log1p(-p))
