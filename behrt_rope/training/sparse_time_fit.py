@@ -65,7 +65,7 @@ def set_path_share(
         )
         scores = choose_share(deep, path, y)
         share = max(scores, key=lambda w: (scores[w], -abs(w - 0.5)))  # ties: the more even mix
-        log.info("finetune: sparse time path share %.2f (tuning macro AP by share: %s)", share, scores)
+        log.info("finetune: sparse time path share %.2f (macro AP on the tuning split by share: %s)", share, scores)
         model.sparse_time.set_share(share)
         return {"sparse_time_share": share, "tuning_macro_ap_by_share": scores}
     model.sparse_time.set_share(0.5 if share is None else share)
