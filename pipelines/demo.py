@@ -17,7 +17,7 @@ from typing import Any
 
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
-from behrt_rope.evaluation.ceiling import both_shares
+from behrt_rope.evaluation.ceiling import both_shares, format_share
 from behrt_rope.stage import setup_console_logging
 
 SHORT = {
@@ -128,10 +128,14 @@ def ceiling_lines(ceiling: dict[str, Any] | None) -> list[str]:
         return []
     lines = [
         f"At one random visit per held-out patient ({ceiling['n_samples']} samples), macro AP and the share of "
-        "the gap to the oracle closed from the every-visit / one-cut logistic regression:"
+        "the gap to the oracle closed from the every-visit / one-cut logistic regression (and, from the "
+        "every-visit one, on codes already on file / on new onsets):"
     ]
+    parts = ceiling.get("by_history") or {}
     for key, entry in ceiling["predictors"].items():
-        lines.append(f"  {SHORT.get(key, key):22s}{entry['overall']['macro_ap']:12.4f}  {both_shares(entry)}")
+        split = " / ".join(format_share(parts[p][key]["gap_closed"], ci=False, missing="n/a") for p in parts)
+        line = f"  {SHORT.get(key, key):22s}{entry['overall']['macro_ap']:12.4f}  {both_shares(entry)}"
+        lines.append(f"{line:50s}({split})" if split else line)
     return lines
 
 

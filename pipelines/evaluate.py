@@ -47,7 +47,7 @@ from behrt_rope.evaluation.baseline import (
     fit_predict_gbm,
     sex_features,
 )
-from behrt_rope.evaluation.ceiling import ORACLE, both_shares, gap_closed, oracle_matrix, read_oracle
+from behrt_rope.evaluation.ceiling import ORACLE, both_shares, gap_by_history, gap_closed, oracle_matrix, read_oracle
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
 from behrt_rope.evaluation.report import REFERENCE_NAMES
 from behrt_rope.evaluation.sparse_time import DEFAULT_C, fit_predict_sparse_time
@@ -149,7 +149,8 @@ def run(config: Config) -> Path:
 
         model_eval = evaluation(probs)
         reference_evals = {name: evaluation(scores) for name, scores in references.items()}
-        ceiling = _ceiling(config, held, samples, y, {MODEL: probs, **references}, labels) if config.oracle else None
+        predictions = {MODEL: probs, **references}
+        ceiling = _ceiling(config, held, samples, y, seen, predictions, labels) if config.oracle else None
         pretrain = _pretrain_metrics(bundle)
         write_json(
             out / S.METRICS_FILE,
@@ -266,10 +267,12 @@ def _ceiling(
     held: Sequences,
     samples: Samples,
     y: np.ndarray,
+    seen: np.ndarray,
     predictions: dict[str, np.ndarray],
     labels: list[str],
 ) -> dict[str, Any]:
-    """Every predictor and the oracle on the held-out samples at the oracle's cuts, and the gap closed."""
+    """Every predictor and the oracle on the held-out samples at the oracle's cuts, and the gap closed (also
+    apart on codes already on file and new onsets; ``seen`` (N, L) bool: code in the sample's history)."""
     etl = config_lib.build(EtlConfig, _etl_settings(config.data).get("etl", {}))
     matched, oracle_probs = oracle_matrix(read_oracle(config.oracle), held, samples, labels, etl)
     if not len(matched):
@@ -281,6 +284,7 @@ def _ceiling(
     }
     closed = gap_closed(evaluations, LOGISTIC)
     closed_one_cut = gap_closed(evaluations, LOGISTIC_ONE_CUT) if LOGISTIC_ONE_CUT in evaluations else {}
+    by_history = gap_by_history(y[matched], at_cuts, seen[matched], LOGISTIC, config.n_bootstrap, config.seed)
     log.info("evaluate: %d held-out samples at oracle cuts", len(matched))
     return {
         "n_samples": len(matched),
@@ -294,6 +298,7 @@ def _ceiling(
             }
             for name, e in evaluations.items()
         },
+        "by_history": by_history,
     }
 
 

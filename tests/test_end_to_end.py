@@ -11,6 +11,7 @@ import torch
 
 from behrt_rope import schema as S
 from behrt_rope.cli import main
+from behrt_rope.evaluation.ceiling import format_share
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.sparse_time_fit import SHARE_GRID
 from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, error_line, read_metrics
@@ -223,7 +224,17 @@ def test_evaluate_against_the_oracle(oracle_run):
     expected = (model["overall"]["macro_ap"] - one_cut_ap) / (oracle_ap - one_cut_ap)
     assert model["gap_closed_one_cut"]["point"] == pytest.approx(expected)
     assert predictors["logistic_regression_one_cut"]["gap_closed_one_cut"]["point"] == pytest.approx(0.0)
+    # Apart on codes already on file and on new onsets: every predictor, anchored at the same two ends.
+    parts = ceiling["by_history"]
+    assert set(parts) == {"on_file", "new_onset"}
+    for part in parts.values():
+        assert set(part) == set(predictors)
+        assert 0 < part["model"]["n_codes_macro"] <= len(read_metrics(ev)["model"]["per_code"])
+        gap = part["oracle"]["macro_ap"] - part["logistic_regression"]["macro_ap"]
+        expected = (part["model"]["macro_ap"] - part["logistic_regression"]["macro_ap"]) / gap if gap > 0 else None
+        assert part["model"]["gap_closed"]["point"] == pytest.approx(expected)  # None: no gap in that part
     html = (ev / S.REPORT_FILE).read_text()
+    assert "Macro AP, new onsets (codes not yet recorded) (95% CI)" in html
     assert "Against the ceiling (synthetic data)" in html and "Oracle (true probabilities)" in html
     assert "Gap closed, one-cut logistic regression to oracle" in html
     assert "Sparse (L1) regression on binned timing of every code" in html
@@ -247,7 +258,10 @@ def test_demo_headline_names_every_reference_and_both_gap_shares(visits_run, ora
     lines = ceiling_lines(ceiling)
     model = ceiling["predictors"]["model"]
     shares = [f"{100 * model[key]['point']:.0f}%" for key in ("gap_closed", "gap_closed_one_cut")]
-    assert any(line.strip().startswith("BEHRT-RoPE") and line.endswith(" / ".join(shares)) for line in lines)
+    parts = ceiling["by_history"]
+    split = " / ".join(format_share(parts[p]["model"]["gap_closed"], ci=False, missing="n/a") for p in parts)
+    model_line = next(line for line in lines if line.strip().startswith("BEHRT-RoPE"))
+    assert " / ".join(shares) in model_line and model_line.endswith(f"({split})")  # on file / new onsets
     assert len(lines) == 1 + len(ceiling["predictors"]) and ceiling_lines(None) == []
 
 
