@@ -164,20 +164,24 @@ def gap_by_history(
     ``{part: {name: {"macro_ap", "ci", "n_codes_macro", "gap_closed"}}}``, every predictor on the same
     bootstrap draws (``n_bootstrap``, ``seed``), macro AP over the codes with a positive and a negative in
     the part."""
+    masks = {"on_file": history, "new_onset": ~history}
     parts: dict[str, dict[str, Any]] = {}
-    for part, mask in (("on_file", history), ("new_onset", ~history)):
-        evaluations = {}
-        for name, scores in predictions.items():
-            reps = bootstrap_replicates(y, scores, mask, n_bootstrap, seed)
-            evaluations[name] = {"overall": summary_metrics(y, scores, mask), "bootstrap": {"overall": reps}}
-        closed = gap_closed(evaluations, low)
-        parts[part] = {
+    for part in HISTORY_PARTS:
+        evaluations = {
             name: {
-                "macro_ap": (point := e["overall"]["macro_ap"]),
-                "ci": list(percentile_interval(e["bootstrap"]["overall"]["macro_ap"], CI_LEVEL, point)),
+                "overall": summary_metrics(y, scores, masks[part]),
+                "bootstrap": {"overall": bootstrap_replicates(y, scores, masks[part], n_bootstrap, seed)},
+            }
+            for name, scores in predictions.items()
+        }
+        closed = gap_closed(evaluations, low)
+        parts[part] = {}
+        for name, e in evaluations.items():
+            point, replicates = e["overall"]["macro_ap"], e["bootstrap"]["overall"]["macro_ap"]
+            parts[part][name] = {
+                "macro_ap": point,
+                "ci": list(percentile_interval(replicates, CI_LEVEL, point)),
                 "n_codes_macro": e["overall"]["n_codes_macro"],
                 "gap_closed": closed[name],
             }
-            for name, e in evaluations.items()
-        }
     return parts
