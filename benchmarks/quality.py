@@ -43,7 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from behrt_rope.evaluation.ceiling import format_share  # noqa: E402
+from behrt_rope.evaluation.ceiling import HISTORY_PARTS, format_share  # noqa: E402
 from behrt_rope.evaluation.report import REFERENCE_NAMES  # noqa: E402
 
 COHORTS: dict[str, list[str]] = {
@@ -176,9 +176,12 @@ def run_cohort(
     finetune = json.loads((d["finetune"] / "metrics.json").read_text())
     manifest = json.loads((d["etl"] / "manifest.json").read_text())
     ceiling = metrics["ceiling"]
+    by_history = ceiling.get("by_history") or {}
     if with_wide:
         wide_ceiling = json.loads((work / name / "evaluate_with_wide" / "metrics.json").read_text())["ceiling"]
         ceiling["predictors"]["model_with_wide_path"] = wide_ceiling["predictors"]["model"]
+        for part, entries in (wide_ceiling.get("by_history") or {}).items():
+            by_history.setdefault(part, {})["model_with_wide_path"] = entries["model"]
     return {
         "patients": manifest["patients"]["with_tokens"],
         "tokens_per_patient": manifest["sequence_length"]["mean"],
@@ -194,6 +197,7 @@ def run_cohort(
                     },
                     "gap_closed": ceiling["predictors"][p]["gap_closed"],
                     "gap_closed_one_cut": ceiling["predictors"][p].get("gap_closed_one_cut"),
+                    "gap_closed_by_history": {part: e[p]["gap_closed"] for part, e in by_history.items() if p in e},
                 }
                 for p in PREDICTORS + ("model_with_wide_path",) * with_wide
                 if p in ceiling["predictors"]
@@ -220,18 +224,20 @@ def markdown(results: dict[str, Any]) -> str:
     """The docs table: one row per cohort and predictor, at the oracle's cuts."""
     lines = [
         "| cohort | predictor | macro AP (95% CI) | micro AP | macro AUROC | gap closed (95% CI) "
-        "| from the one-cut LR (95% CI) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| from the one-cut LR (95% CI) | on codes on file | on new onsets |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for cohort, r in results["cohorts"].items():
         for p in [p for p in (*PREDICTORS, "model_with_wide_path") if p in r["at_oracle_cuts"]]:
             e = r["at_oracle_cuts"][p]
             ap = e["macro_ap"]
             ci = f" ({ap['ci'][0]:.3f}-{ap['ci'][1]:.3f})" if ap["ci"] else ""
+            parts = e.get("gap_closed_by_history") or {}
+            split = " | ".join(format_share(parts.get(part), ci=False) for part in HISTORY_PARTS)
             lines.append(
                 f"| {cohort} | {p} | {ap['point']:.3f}{ci} | {e['micro_ap']['point']:.3f} | "
                 f"{e['macro_auroc']['point']:.3f} | {format_share(e['gap_closed'])} "
-                f"| {format_share(e.get('gap_closed_one_cut'))} |"
+                f"| {format_share(e.get('gap_closed_one_cut'))} | {split} |"
             )
     lines += [
         "",
