@@ -38,6 +38,7 @@ from behrt_rope.evaluation.sparse_time import fit_sparse_time  # noqa: E402
 from behrt_rope.evaluation.time_features import time_features  # noqa: E402
 from behrt_rope.training.bundle import load_bundle  # noqa: E402
 from behrt_rope.training.inference import multilabel_model, score  # noqa: E402
+from behrt_rope.training.sparse_time_fit import logit  # noqa: E402
 from behrt_rope.training.tasks import macro_average_precision  # noqa: E402
 
 
@@ -66,7 +67,7 @@ def main() -> None:
     result: dict[str, object] = {"train_samples": len(f_train), "tuning_samples": len(f_tuning)}
     probs = score(multilabel_model(bundle), tuning, tuning_samples.rows, tuning_samples.cuts)
     result["model"] = round(macro_average_precision(y_tuning, probs), 4)
-    model_logits = np.log(np.clip(probs, 1e-6, 1 - 1e-6)) - np.log(np.clip(1 - probs, 1e-6, 1.0))
+    model_logits = logit(probs)
     for c in args.c:
         started = time.process_time()
         fit = fit_sparse_time(f_train, y_train, c, n_jobs=1)

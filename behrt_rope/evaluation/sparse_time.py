@@ -27,7 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 import sklearn
 from joblib import Parallel, delayed
-from scipy.special import expit
+from scipy.special import expit, logit
 from sklearn.linear_model import LogisticRegression
 from tqdm.auto import tqdm
 
@@ -156,7 +156,7 @@ def fit_sparse_time(
     fit = SparseTimeFit(
         np.zeros((n_labels, OWN_COLUMNS), np.float32),
         np.zeros((n_labels, shared_columns(n_labels)), np.float32),
-        np.log(rate / (1 - rate)).astype(np.float32),
+        logit(rate).astype(np.float32),
     )
     varying = np.flatnonzero((Y.min(axis=0) < Y.max(axis=0)) & (Y.sum(axis=0) >= 2)) if len(Y) else np.zeros(0, int)
     if not len(varying):

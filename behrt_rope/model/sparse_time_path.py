@@ -15,10 +15,9 @@ The weights are not trained by gradient descent: ``finetune`` fits them with sci
 training (:func:`behrt_rope.evaluation.sparse_time.fit_sparse_time`) and loads them with :meth:`load_fit`;
 they are buffers, saved and loaded with the rest of the model. The deep part is trained on its own
 logits, and the model's logit is a weighted mean of the two (two different learners, each with its own
-errors): the path's ``share`` is 0.5 during training and is then chosen on the tuning split.
-An L1 prior finds the few cross-code timing
-effects that matter among many, which neither the transformer nor gradient boosting found on our tuning
-cohorts (docs/benchmarks.md, "Ninth round").
+errors): the path's ``share`` is 0.5 during training and is then chosen on the tuning split. An L1 prior
+finds the few cross-code timing effects that matter among many, which neither the transformer nor gradient
+boosting found on our tuning cohorts (docs/benchmarks.md, "Ninth round").
 
 Shapes: ``B`` patients, ``T`` tokens, ``N`` scored positions, ``L`` labels.
 """

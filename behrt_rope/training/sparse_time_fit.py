@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.special import logit as _logit
 
 from behrt_rope.data.labels import Samples
 from behrt_rope.data.sequences import Sequences
@@ -88,5 +89,4 @@ def logit(probs: np.ndarray) -> np.ndarray:
     >>> logit(np.array([0.5, 1.0])).round(2).tolist()
     [0.0, 16.12]
     """
-    p = np.clip(probs.astype(np.float64), 1e-7, 1 - 1e-7)
-    return np.asarray(np.log(p) - np.log1p(-p))
+    return np.asarray(_logit(np.clip(probs.astype(np.float64), 1e-7, 1 - 1e-7)))
