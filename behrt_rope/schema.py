@@ -238,4 +238,5 @@ LEGACY_MODEL_FILE: Final = "model.pt"  # the pickle of 0.1.0: refused, never loa
 LABEL_VOCAB_FILE: Final = "label_vocab.parquet"
 REPORT_FILE: Final = "report.html"
 ORACLE_FILE: Final = "oracle.parquet"  # synth: true next-visit probabilities at one cut per patient
+RECORD_ORACLE_FILE: Final = "oracle_record.parquet"  # synth: the same, given only the recorded history
 PLOTS_DIR: Final = "plots"

@@ -472,12 +472,18 @@ class _Simulation:
     def onset_hazard(self, idx: np.ndarray, day: np.ndarray, age: np.ndarray) -> np.ndarray:
         """Onset hazard per year of every condition, [patients, conditions], given the state before ``day``."""
         cat = self.cat
-        own = cat.rate50 * np.exp(cat.slope * (age[:, None] - 50.0)) * (age[:, None] >= cat.min_age)
-        own *= cat.sex_mult[self.female[idx].astype(np.int64)]
+        own = self.own_onset_hazard(idx, age)
         years = (day[:, None] - self.onset[idx][:, cat.link_parent]) / DAYS_PER_YEAR
         ramp = np.nan_to_num(_ramp(years, cat.link_delay, cat.link_ramp), nan=0.0)
         own[:, cat.linked_child] += np.add.reduceat(ramp * cat.link_rate, cat.link_start, axis=1)
         return np.asarray(own)
+
+    def own_onset_hazard(self, idx: np.ndarray, age: np.ndarray) -> np.ndarray:
+        """Onset hazard per year of every condition from age and sex alone (no parent conditions), [patients,
+        conditions]."""
+        cat = self.cat
+        own = cat.rate50 * np.exp(cat.slope * (age[:, None] - 50.0)) * (age[:, None] >= cat.min_age)
+        return np.asarray(own * cat.sex_mult[self.female[idx].astype(np.int64)])
 
     def death_hazard(self, idx: np.ndarray, day: np.ndarray) -> np.ndarray:
         """Death hazard per year: Gompertz in age times the multipliers of present conditions."""

@@ -189,11 +189,38 @@ def oracle_run(tmp_path_factory):
     """A cohort with its oracle, ETL at full codes, a tiny model from scratch, evaluated against the oracle."""
     root = tmp_path_factory.mktemp("e2e_oracle")
     cohort, etl, ft, ev = (root / name for name in ("cohort", "etl", "ft", "eval"))
-    _run("synth", "--out", str(cohort), "--patients", "400", "--seed", "5", "oracle=true", "oracle_replicas=50")
+    _run(
+        "synth", "--out", str(cohort), "--patients", "400", "--seed", "5", "oracle=true", "oracle_replicas=50",
+        "record_oracle=true", "record_oracle_particles=50",
+    )  # fmt: skip
     _run("etl", "--input", str(cohort), "--out", str(etl), "progress=false")
     _run("finetune", "--data", str(etl), "--out", str(ft), *FINETUNE_FAST, *TINY_MODEL)
     _run("evaluate", "--model", str(ft), "--data", str(etl), "--out", str(ev), f"oracle={cohort}", "n_bootstrap=20")
     return cohort, ev
+
+
+@pytest.mark.slow
+def test_evaluate_against_the_record_oracle(oracle_run, tmp_path):
+    """``oracle_record.parquet`` has the state oracle's cuts, and evaluate takes it as the ceiling: the gap is
+    then measured against the best prediction from the record, which ranks below the state oracle's."""
+    cohort, ev = oracle_run
+    state = pd.read_parquet(cohort / "oracle.parquet")
+    record = pd.read_parquet(cohort / "oracle_record.parquet")
+    key = ["patient_id", "prediction_time"]
+    pd.testing.assert_frame_equal(
+        record[key].drop_duplicates(ignore_index=True), state[key].drop_duplicates(ignore_index=True)
+    )
+    ft = ev.parent / "ft"
+    out = tmp_path / "eval_record"
+    _run("evaluate", "--model", str(ft), "--data", str(ev.parent / "etl"), "--out", str(out),
+         f"oracle={cohort / 'oracle_record.parquet'}", "n_bootstrap=20")  # fmt: skip
+    on_record = read_metrics(out)["ceiling"]["predictors"]
+    on_state = read_metrics(ev)["ceiling"]["predictors"]
+    assert on_record["model"]["overall"] == on_state["model"]["overall"], "same samples, same model scores"
+    assert on_record["oracle"]["overall"]["macro_ap"] != on_state["oracle"]["overall"]["macro_ap"]
+    lr, ceiling = on_record["logistic_regression"]["overall"]["macro_ap"], on_record["oracle"]["overall"]["macro_ap"]
+    expected = (on_record["model"]["overall"]["macro_ap"] - lr) / (ceiling - lr)
+    assert on_record["model"]["gap_closed"]["point"] == pytest.approx(expected)
 
 
 @pytest.mark.slow
