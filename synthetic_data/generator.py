@@ -611,8 +611,9 @@ class _Simulation:
         rows = np.flatnonzero(hits.any(axis=1))  # one treatment code per visit, whatever the cancer
         self.log.add(idx[rows], visit, day[rows], cat.treatment[hits[rows].argmax(axis=1)])
 
-    def acute(self, idx: np.ndarray, day: np.ndarray, visit: int) -> None:
-        """Acute problems: a base chance by age and history, plus a recurrence bump that fades with time."""
+    def acute_chance(self, idx: np.ndarray, day: np.ndarray) -> np.ndarray:
+        """(patients, acute codes) chance of each acute problem at a visit on ``day``: a base chance by age,
+        sex and present conditions, plus a recurrence bump that fades with the time since the last episode."""
         cat = self.cat
         age = (day - self.birth[idx]) / DAYS_PER_YEAR
         profile = np.stack([AGE_PROFILES[name](age) for name in cat.acute_profile], axis=1)
@@ -625,7 +626,12 @@ class _Simulation:
         base = np.minimum(0.9, base)
         since = day[:, None] - self.last_acute[idx]
         bump = np.nan_to_num(cat.acute_amp * np.exp(-since / cat.acute_tau), nan=0.0)
-        hits = self.rng.random(base.shape) < base + (1.0 - base) * bump
+        return np.asarray(base + (1.0 - base) * bump)
+
+    def acute(self, idx: np.ndarray, day: np.ndarray, visit: int) -> None:
+        """Acute problems, drawn with :meth:`acute_chance`."""
+        cat = self.cat
+        hits = self.rng.random((idx.size, len(cat.acute))) < self.acute_chance(idx, day)
         self.last_acute[idx] = np.where(hits, day[:, None], self.last_acute[idx])
         self.had_acute[idx] = hits.any(axis=1)
         self.log.add_matrix(idx, visit, day, hits, cat.acute)

@@ -44,7 +44,6 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from synthetic_data.generator import (
-    AGE_PROFILES,
     CAESAREAN,
     CHRONIC_VISIT_BOOST,
     CONDITIONS,
@@ -264,19 +263,8 @@ class _Walk:
 
     def _acute(self, idx: np.ndarray, day: np.ndarray, seen: np.ndarray) -> None:
         """Acute codes: the generator's per-visit chance, which hidden conditions raise or enable."""
-        cat, sim = self.cat, self.sim
-        age = (day - sim.birth[idx]) / DAYS_PER_YEAR
-        profile = np.stack([AGE_PROFILES[name](age) for name in cat.acute_profile], axis=1)
-        present = sim.onset[idx] <= day[:, None]
-        required = np.where(cat.acute_requires >= 0, present[:, np.maximum(cat.acute_requires, 0)], True)
-        sex = np.where(sim.female[idx, None], cat.acute_female, 1.0)
-        base = cat.acute_base * profile * sex * required
-        for cond, j, mult in cat.boosts:
-            base[:, j] *= np.where(present[:, cond], mult, 1.0)
-        base = np.minimum(0.9, base)
-        since = day[:, None] - sim.last_acute[idx]
-        bump = np.nan_to_num(cat.acute_amp * np.exp(-since / cat.acute_tau), nan=0.0)
-        p = base + (1.0 - base) * bump
+        sim = self.sim
+        p = sim.acute_chance(idx, day)
         self.log_w[idx] += np.log(np.where(seen, p, 1.0 - p) + TINY).sum(axis=1)
         sim.last_acute[idx] = np.where(seen, day[:, None], sim.last_acute[idx])
         sim.had_acute[idx] = seen.any(axis=1)
