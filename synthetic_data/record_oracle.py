@@ -177,8 +177,7 @@ class _Walk:
         self.sim.female = record.female[patients][self.owner]
         self.log_w = np.zeros(self.owner.size)
         self.conceived = np.full(len(patients), np.nan)  # day a pregnancy was detected (nan: not pregnant)
-        codes = np.zeros(len(self.cat.codes), dtype=bool)
-        self.is_condition_code = codes.copy()
+        self.is_condition_code = np.zeros(len(self.cat.codes), dtype=bool)  # written by the condition records
         self.is_condition_code[np.r_[self.cat.dx, self.cat.followup, self.cat.treatment[self.cat.treated]]] = True
         self.gdm = self.cat.cond_idx[GDM]
         self.obese = self.cat.cond_idx["E66.9"]
