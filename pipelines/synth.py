@@ -58,6 +58,8 @@ def run(config: Config) -> Path:
     """Generate the cohort of ``config.synth`` and write it to ``config.out``; return that directory."""
     if not config.out.strip():
         raise ConfigError("synth needs an output directory: pass --out DIR (config key 'out')")
+    if config.record_oracle and config.synth.process != "clinical":
+        raise ConfigError("record_oracle=true needs synth.process=clinical: the recurrence oracle already is one")
     out = Path(config.out)
     if not config.overwrite and is_done(out, config):
         log.info("synth: %s already holds this cohort; skipping (overwrite=true to regenerate)", out)
@@ -92,8 +94,6 @@ def _write_record_oracle(config: Config, out_dir: Path) -> None:
     if not config.record_oracle:
         (out_dir / RECORD_ORACLE_FILE).unlink(missing_ok=True)
         return
-    if config.synth.process != "clinical":
-        raise ConfigError("record_oracle=true needs synth.process=clinical: the recurrence oracle already is one")
     result = record_oracle_table(config.synth, config.record_oracle_particles, config.oracle_replicas)
     with atomic.atomic_path(out_dir / RECORD_ORACLE_FILE) as tmp:
         pq.write_table(pa.Table.from_pandas(result.table, preserve_index=False), tmp)

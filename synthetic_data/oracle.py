@@ -58,11 +58,18 @@ def oracle_table(cfg: SynthConfig, replicas: int = 500) -> pd.DataFrame:
     return _as_table(clean, states, counts, totals)
 
 
-def _choose_cuts(cfg: SynthConfig, rng: np.random.Generator) -> np.ndarray:
-    """(patients,) visit number of each patient's cut, uniform over visits with a later visit; -1: none."""
+def simulate_cohort(cfg: SynthConfig) -> _Simulation:
+    """The cohort's simulation run to the end with its own seed (the same draws as ``generate``)."""
     sim = _Simulation(cfg, np.random.default_rng(cfg.seed), _Catalogue())
     sim.burn_in()
     sim.run_visits()
+    return sim
+
+
+def _choose_cuts(cfg: SynthConfig, rng: np.random.Generator, sim: _Simulation | None = None) -> np.ndarray:
+    """(patients,) visit number of each patient's cut, uniform over visits with a later visit; -1: none.
+    ``sim``: the finished :func:`simulate_cohort`, when the caller has it already."""
+    sim = sim if sim is not None else simulate_cohort(cfg)
     patient, visit, _, _ = sim.log.columns()
     n_visits = np.zeros(cfg.patients, dtype=np.int64)
     np.maximum.at(n_visits, patient, visit + 1)

@@ -68,7 +68,15 @@ from synthetic_data.generator import (
     _Simulation,
     patient_ids,
 )
-from synthetic_data.oracle import FIXED, ORACLE_SEED_OFFSET, STATE, _as_table, _choose_cuts, _simulate_next_visits
+from synthetic_data.oracle import (
+    FIXED,
+    ORACLE_SEED_OFFSET,
+    STATE,
+    _as_table,
+    _choose_cuts,
+    _simulate_next_visits,
+    simulate_cohort,
+)
 
 RECORD_SEED_OFFSET = 15_485_863
 """Added to the cohort seed for the particles' draws (a stream apart from the cohort's and the oracle's)."""
@@ -101,8 +109,9 @@ def record_oracle_table(
     clean = replace(cfg, corrupt_fraction=0.0)
     if clean.process != "clinical":
         raise ValueError("only the clinical process hides state; the recurrence oracle already uses the record")
-    cuts = _choose_cuts(clean, np.random.default_rng(clean.seed + ORACLE_SEED_OFFSET))
-    record = _Record.simulate(clean, cuts)
+    sim = simulate_cohort(clean)
+    cuts = _choose_cuts(clean, np.random.default_rng(clean.seed + ORACLE_SEED_OFFSET), sim)
+    record = _Record.of(sim, cuts)
     rng = np.random.default_rng(clean.seed + RECORD_SEED_OFFSET)
     who = np.flatnonzero(cuts >= 0)
     if patients is not None:
@@ -143,19 +152,27 @@ class _Record:
     def cut_day(self) -> np.ndarray:
         return np.asarray(self.day[np.arange(len(self.cut)), np.maximum(self.cut, 0)])
 
+    def first_shown(self, patient: int, cat: _Catalogue) -> np.ndarray:
+        """(conditions,) the first visit up to the cut whose codes show each condition (its diagnosis or
+        repeat code); -1: never shown."""
+        first = np.full(len(CONDITIONS), -1)
+        for visit in range(self.cut[patient], -1, -1):
+            codes = self.codes[patient][visit]
+            first[np.isin(cat.dx, codes) | np.isin(cat.followup, codes)] = visit
+        return first
+
     @classmethod
-    def simulate(cls, cfg: SynthConfig, cuts: np.ndarray) -> _Record:
-        sim = _Simulation(cfg, np.random.default_rng(cfg.seed), _Catalogue())
-        sim.burn_in()
-        sim.run_visits()
+    def of(cls, sim: _Simulation, cuts: np.ndarray) -> _Record:
+        """The record of a finished simulation up to each patient's cut."""
         patient, visit, day, code = sim.log.columns()
         keep = visit <= cuts[patient]
         patient, visit, day, code = patient[keep], visit[keep], day[keep], code[keep]
-        days = np.zeros((cfg.patients, max(int(cuts.max()) + 1, 1)), dtype=np.int64)
+        n = len(cuts)
+        days = np.zeros((n, max(int(cuts.max()) + 1, 1)), dtype=np.int64)
         days[patient, visit] = day
         order = np.lexsort((code, visit, patient))
         patient, visit, code = patient[order], visit[order], code[order]
-        codes: list[list[np.ndarray]] = [[] for _ in range(cfg.patients)]
+        codes: list[list[np.ndarray]] = [[] for _ in range(n)]
         bounds = np.flatnonzero(np.r_[True, (patient[1:] != patient[:-1]) | (visit[1:] != visit[:-1]), True])
         by_visit = {(int(patient[a]), int(visit[a])): code[a:b] for a, b in itertools.pairwise(bounds)}
         for p in np.flatnonzero(cuts >= 0):
@@ -317,12 +334,13 @@ class _Walk:
         parameter (gap x visit factor x shape / days per year)."""
         rec, cat = self.record, self.cat
         days = rec.day[patient, : rec.cut[patient] + 1]
-        shown = np.zeros(len(CONDITIONS), dtype=bool)
+        first = rec.first_shown(patient, cat)
+        shown = first[first >= 0]
         factor, plain = np.empty(len(days)), np.empty(len(days), dtype=bool)
         for visit, codes in enumerate(rec.codes[patient]):
-            shown |= np.isin(cat.dx, codes) | np.isin(cat.followup, codes)
             age = (days[visit] - rec.birth[patient]) / DAYS_PER_YEAR
-            factor[visit] = _age_visit_factor(np.asarray(age)) * (1.0 + CHRONIC_VISIT_BOOST * shown.sum())
+            conditions = (shown <= visit).sum()
+            factor[visit] = _age_visit_factor(np.asarray(age)) * (1.0 + CHRONIC_VISIT_BOOST * conditions)
             plain[visit] = not np.isin(codes, np.r_[cat.acute, cat.index[PREGNANCY]]).any()
         use = plain[:-1]
         return int(use.sum()), float((np.diff(days) * factor[:-1])[use].sum() * GAP_SHAPE / DAYS_PER_YEAR)
@@ -391,10 +409,7 @@ class _Walk:
         burn = np.empty_like(prior)
         for row, p in enumerate(self.patients):
             days = rec.day[p, : rec.cut[p] + 1]
-            first = np.full(len(CONDITIONS), -1)
-            for visit in range(rec.cut[p], -1, -1):
-                codes = rec.codes[p][visit]
-                first[np.isin(cat.dx, codes) | np.isin(cat.followup, codes)] = visit
+            first = rec.first_shown(p, cat)
             shown = first >= 0
             unrecorded = np.where(shown, first, rec.cut[p] + 1)
             keeps = prior[row] * (1.0 - cat.record) ** unrecorded * np.where(shown, cat.record, 1.0)

@@ -8,7 +8,7 @@ import pytest
 
 from behrt_rope.schema import CODE, PATIENT_ID, PREDICTION_TIME, PROBABILITY
 from synthetic_data.generator import CONDITIONS, SynthConfig, _Catalogue, catalogue_codes, generate
-from synthetic_data.oracle import ORACLE_SEED_OFFSET, _choose_cuts, cut_times, oracle_table
+from synthetic_data.oracle import ORACLE_SEED_OFFSET, _choose_cuts, cut_times, oracle_table, simulate_cohort
 from synthetic_data.record_oracle import _Record, _Walk, record_oracle_table
 
 CFG = SynthConfig(patients=500, seed=21)
@@ -54,8 +54,9 @@ def test_expected_counts_match_the_next_visits(both):
 def test_copies_that_keep_weight_hold_every_condition_the_record_shows():
     """A recorded diagnosis or repeat code means the condition is present: any copy without it at the cut
     must have zero weight, whatever its proposal gave it."""
-    cuts = _choose_cuts(CFG, np.random.default_rng(CFG.seed + ORACLE_SEED_OFFSET))
-    record = _Record.simulate(CFG, cuts)
+    sim = simulate_cohort(CFG)
+    cuts = _choose_cuts(CFG, np.random.default_rng(CFG.seed + ORACLE_SEED_OFFSET), sim)
+    record = _Record.of(sim, cuts)
     patients = np.flatnonzero(cuts >= 0)[:40]
     walk = _Walk(CFG, record, patients, 100, np.random.default_rng(3))
     walk.run()
