@@ -47,14 +47,22 @@ from behrt_rope.evaluation.baseline import (
     fit_predict_gbm,
     sex_features,
 )
-from behrt_rope.evaluation.ceiling import ORACLE, both_shares, gap_by_history, gap_closed, oracle_matrix, read_oracle
+from behrt_rope.evaluation.ceiling import (
+    ORACLE,
+    both_shares,
+    gap_by_history,
+    gap_closed,
+    oracle_files,
+    oracle_matrix,
+    read_oracle,
+)
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
 from behrt_rope.evaluation.report import REFERENCE_NAMES
 from behrt_rope.evaluation.sparse_time import DEFAULT_C, fit_predict_sparse_time
 from behrt_rope.evaluation.time_features import time_features
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle
-from behrt_rope.training.inference import multilabel_model, resolve_device, score
+from behrt_rope.training.inference import Part, multilabel_model, resolve_device, score_parts
 
 log = logging.getLogger("behrt_rope.evaluate")
 MODEL, LOGISTIC, GBM = "model", "logistic_regression", "gradient_boosting"
@@ -98,7 +106,9 @@ class Config:
     sparse_time_c: float = DEFAULT_C
     """Inverse L1 strength of the sparse time regression."""
     oracle: str = ""
-    """A `behrt-rope synth ... oracle=true` output directory (or its oracle.parquet): adds the ceiling."""
+    """A `behrt-rope synth ... oracle=true` output directory (or one oracle file): adds the ceiling; a
+    directory that also holds the record oracle (``synth ... record_oracle=true``) adds that second ceiling
+    (``ceiling_record``), as does the record oracle's file (``oracle_record.parquet``) given alone."""
     notes: str = ""
     """A caveat shown in the report (e.g. 'Synthetic data: ...')."""
     meds_predictions: bool = False
@@ -136,12 +146,13 @@ def run(config: Config) -> Path:
         )
         model = multilabel_model(bundle)
         device = resolve_device(config.device)
-        probs = score(model, held, samples.rows, samples.cuts, config.batch_size, device, config.progress)
+        # with the sparse time path, also the ablation: what the encoder and its heads give alone
+        parts: tuple[Part, ...] = ("model", "deep") if model.sparse_time is not None else ("model",)
+        scored = score_parts(model, held, samples.rows, samples.cuts, config.batch_size, device, config.progress, parts)
+        probs = scored["model"]
         references = _references(seqs.split(S.TRAIN), held, samples, task, label_of_token, config)
-        if model.sparse_time is not None:  # the ablation: what the encoder and its heads give alone
-            references[DEEP_PART] = score(
-                model, held, samples.rows, samples.cuts, config.batch_size, device, config.progress, part="deep"
-            )
+        if "deep" in scored:
+            references[DEEP_PART] = scored["deep"]
         labels = bundle["labels"]
 
         def evaluation(scores: np.ndarray) -> dict[str, Any]:
@@ -150,7 +161,10 @@ def run(config: Config) -> Path:
         model_eval = evaluation(probs)
         reference_evals = {name: evaluation(scores) for name, scores in references.items()}
         predictions = {MODEL: probs, **references}
-        ceiling = _ceiling(config, held, samples, y, seen, predictions, labels) if config.oracle else None
+        ceilings = {
+            key: _ceiling(config, file, held, samples, y, seen, predictions, labels)
+            for key, file in (oracle_files(config.oracle) if config.oracle else {}).items()
+        }
         pretrain = _pretrain_metrics(bundle)
         write_json(
             out / S.METRICS_FILE,
@@ -159,7 +173,8 @@ def run(config: Config) -> Path:
                 "held_out_patients": len(np.unique(samples.rows)),
                 "model": model_eval,
                 "baselines": reference_evals,
-                "ceiling": ceiling,
+                "ceiling": ceilings.get("ceiling"),
+                "ceiling_record": ceilings.get("ceiling_record"),
                 "pretrain": pretrain,
             },
         )
@@ -172,7 +187,8 @@ def run(config: Config) -> Path:
             reference_evals[primary],
             baseline_name=REFERENCE_NAMES[primary],
             references={REFERENCE_NAMES[name]: value for name, value in reference_evals.items()},
-            ceiling=ceiling,
+            ceiling=ceilings.get("ceiling"),
+            record_ceiling=ceilings.get("ceiling_record"),
             n_patients=len(np.unique(samples.rows)),
             pretrain_metrics=pretrain,
             run_info=_run_info(config, bundle, task),
@@ -181,7 +197,7 @@ def run(config: Config) -> Path:
         )
         if config.meds_predictions:
             meds_predictions.write(_long_predictions(held, samples, labels, probs, y), out / S.MEDS_PREDICTIONS_DIR)
-        _log_headline(model_eval, reference_evals, ceiling, report)
+        _log_headline(model_eval, reference_evals, ceilings, report)
     return out_dir
 
 
@@ -264,6 +280,7 @@ def _references(
 
 def _ceiling(
     config: Config,
+    oracle_file: Path,
     held: Sequences,
     samples: Samples,
     y: np.ndarray,
@@ -274,9 +291,9 @@ def _ceiling(
     """Every predictor and the oracle on the held-out samples at the oracle's cuts, and the gap closed (also
     apart on codes already on file and new onsets; ``seen`` (N, L) bool: code in the sample's history)."""
     etl = config_lib.build(EtlConfig, _etl_settings(config.data).get("etl", {}))
-    matched, oracle_probs = oracle_matrix(read_oracle(config.oracle), held, samples, labels, etl)
+    matched, oracle_probs = oracle_matrix(read_oracle(oracle_file), held, samples, labels, etl)
     if not len(matched):
-        raise UserError(f"{config.oracle}: no oracle cut matches a held-out sample of {config.data}")
+        raise UserError(f"{oracle_file}: no oracle cut matches a held-out sample of {config.data}")
     at_cuts = {**{name: scores[matched] for name, scores in predictions.items()}, ORACLE: oracle_probs}
     evaluations = {
         name: evaluate_scores(y[matched], scores, None, labels, config.n_bootstrap, config.seed)
@@ -285,7 +302,7 @@ def _ceiling(
     closed = gap_closed(evaluations, LOGISTIC)
     closed_one_cut = gap_closed(evaluations, LOGISTIC_ONE_CUT) if LOGISTIC_ONE_CUT in evaluations else {}
     by_history = gap_by_history(y[matched], at_cuts, seen[matched], LOGISTIC, config.n_bootstrap, config.seed)
-    log.info("evaluate: %d held-out samples at oracle cuts", len(matched))
+    log.info("evaluate: %d held-out samples at the cuts of %s", len(matched), oracle_file)
     return {
         "n_samples": len(matched),
         "n_patients": len(np.unique(samples.rows[matched])),
@@ -360,7 +377,7 @@ def _run_info(config: Config, bundle: dict[str, Any], task: TaskConfig) -> dict[
 
 
 def _log_headline(
-    model_eval: dict[str, Any], references: dict[str, Any], ceiling: dict[str, Any] | None, report: Path
+    model_eval: dict[str, Any], references: dict[str, Any], ceilings: dict[str, dict[str, Any]], report: Path
 ) -> None:
     def line(name: str, overall: dict[str, Any]) -> str:
         return f"{name} macro AP {overall['macro_ap']:.4f}, micro AP {overall['micro_ap']:.4f}, " + (
@@ -370,11 +387,14 @@ def _log_headline(
     log.info("evaluate: %s", line("model", model_eval["overall"]))
     for name, evaluation in references.items():
         log.info("evaluate: %s", line(name, evaluation["overall"]))
-    if ceiling is not None:
+    for key, ceiling in ceilings.items():
+        oracle = "record oracle" if key == "ceiling_record" else "oracle"
         for name, entry in ceiling["predictors"].items():
             log.info(
-                "evaluate: at oracle cuts, %s; gap closed %s (from the every-visit / one-cut logistic regression)",
+                "evaluate: at oracle cuts, %s; gap closed to the %s %s (from the every-visit / one-cut logistic "
+                "regression)",
                 line(name, entry["overall"]),
+                oracle,
                 both_shares(entry),
             )
     log.info("evaluate: report at %s", report)

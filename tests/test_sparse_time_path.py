@@ -20,7 +20,7 @@ from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.model.sparse_time_path import SparseTimePath, shared_columns
 from behrt_rope.training.bundle import ADDED_LATER
-from behrt_rope.training.inference import _sample_ids
+from behrt_rope.training.inference import _sample_ids, score, score_parts
 from tests.conftest import write_visits
 
 # Gaps that sit exactly on the bin edges (days since: 30, 90, 365, 1,095; first record: 2,922 days = 8
@@ -130,3 +130,25 @@ def test_model_logit_is_the_mean_of_the_deep_part_and_the_path_and_training_read
         torch.testing.assert_close(model(**inputs), 0.25 * deep + 0.75 * path)
     with pytest.raises(ValueError, match=r"share must lie in \[0, 1\], got 1.5"):
         model.sparse_time.set_share(1.5)
+
+
+def test_scoring_several_parts_in_one_pass_equals_scoring_each_and_runs_the_encoder_once(tmp_path):
+    seqs, samples, label_ids, _ = _cohort(tmp_path, n_patients=12, seed=3)
+    config = ModelConfig(vocab_size=int(label_ids.max()) + 2, hidden_size=16, num_heads=2, intermediate_size=16)
+    config.sparse_time = True
+    model = BehrtForMultiLabel(config, len(label_ids), label_token_ids=label_ids.tolist()).eval()
+    assert model.sparse_time is not None
+    generator = torch.Generator().manual_seed(1)
+    shapes = (model.sparse_time.own_weight.shape, model.sparse_time.shared_weight.shape, (len(label_ids),))
+    model.sparse_time.load_fit(*(torch.randn(shape, generator=generator) for shape in shapes))
+    model.sparse_time.set_share(0.6)
+    passes = []
+    model.encoder.register_forward_hook(lambda *_: passes.append(1))
+    both = score_parts(model, seqs, samples.rows, samples.cuts, batch_size=64, parts=("model", "deep", "path"))
+    assert len(passes) == 1  # 12 patients in one batch: one encoder pass for all three parts
+    for part in ("model", "deep", "path"):
+        alone = score(model, seqs, samples.rows, samples.cuts, batch_size=64, part=part)
+        np.testing.assert_allclose(both[part], alone, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(both["model"], both["deep"])
+    with pytest.raises(ValueError, match="part must be one of"):
+        score_parts(model, seqs, parts=("wide",))  # type: ignore[arg-type]

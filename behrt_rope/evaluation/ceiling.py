@@ -39,6 +39,27 @@ HISTORY_PARTS = {"on_file": "codes already on file", "new_onset": "new onsets (c
 """The two parts of the cells at the cuts, by whether the label's code is in the sample's input history."""
 
 
+CEILINGS = {"ceiling": S.ORACLE_FILE, "ceiling_record": S.RECORD_ORACLE_FILE}
+"""The ceilings evaluation reports, by ``metrics.json`` key: the state oracle (the generator's true
+probabilities) and, when the cohort has one, the record oracle (the best prediction from the recorded
+history alone; ``synthetic_data/record_oracle.py``)."""
+
+
+def oracle_files(path: str | Path) -> dict[str, Path]:
+    """The oracle tables to evaluate against, by :data:`CEILINGS` key: a ``synth`` output directory gives its
+    ``oracle.parquet`` and, if written, its ``oracle_record.parquet``; a file is the one ceiling, the record
+    oracle if it has that file's name.
+
+    >>> oracle_files("cohort/oracle_record.parquet"), oracle_files("elsewhere/true.parquet")
+    ({'ceiling_record': PosixPath('cohort/oracle_record.parquet')}, {'ceiling': PosixPath('elsewhere/true.parquet')})
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        return {"ceiling_record" if folder.name == S.RECORD_ORACLE_FILE else "ceiling": folder}
+    files = {key: folder / name for key, name in CEILINGS.items()}
+    return {key: file for key, file in files.items() if key == "ceiling" or file.exists()}
+
+
 def read_oracle(path: str | Path) -> pd.DataFrame:
     """The oracle table, checked: ``patient_id`` (str), ``prediction_time`` (date), ``code``, ``probability``."""
     file = Path(path)

@@ -179,6 +179,7 @@ def write_evaluation_report(
     baseline_name: str = BASELINE_NAME,
     references: Mapping[str, Mapping[str, Any]] | None = None,
     ceiling: Mapping[str, Any] | None = None,
+    record_ceiling: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``out_dir/report.html`` (self-contained) and ``out_dir/plots/*.png``; returns the html path.
 
@@ -198,5 +199,6 @@ def write_evaluation_report(
         code_descriptions=code_descriptions,
         references=dict(references or {}),
         ceiling=ceiling,
+        record_ceiling=record_ceiling,
     )
     return write_report(out_dir, model_name, inputs)

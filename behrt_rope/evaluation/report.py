@@ -133,7 +133,8 @@ class ReportInputs:
     synthetic-data warning), ``code_descriptions`` maps a code to its human-readable name.
     ``references`` maps the name of every reference model (the baseline included) to its evaluation on the
     same samples; ``ceiling`` is ``pipelines.evaluate``'s oracle comparison (``n_samples``, ``n_patients``,
-    ``predictors``: name -> ``overall`` and ``gap_closed``), or None.
+    ``predictors``: name -> ``overall`` and ``gap_closed``), or None; ``record_ceiling`` the same against the
+    record oracle (the best prediction from the recorded history alone), or None.
     """
 
     task: str
@@ -147,6 +148,7 @@ class ReportInputs:
     code_descriptions: Mapping[str, str] | None = None
     references: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     ceiling: Mapping[str, Any] | None = None
+    record_ceiling: Mapping[str, Any] | None = None
     top_codes: int = 30
     plot_codes: int = 20
 
@@ -316,8 +318,10 @@ def _references_section(inputs: ReportInputs, model_name: str) -> str:
         "its training; the deep part's row, where shown, is the model without it. A positive "
         "difference whose interval excludes 0 means the model ranks better on this test set."
     )
-    return _section("Against the reference models", _p(intro), _table(headers, rows)) + _ceiling_section(
-        inputs, model_name
+    return (
+        _section("Against the reference models", _p(intro), _table(headers, rows))
+        + _ceiling_section(inputs.ceiling, model_name, record=False)
+        + _ceiling_section(inputs.record_ceiling, model_name, record=True)
     )
 
 
@@ -326,11 +330,12 @@ def _overall_ci(evaluation: Mapping[str, Any], key: str) -> str:
     return fmt_ci(overall.get(key), (overall.get("ci") or {}).get(key))
 
 
-def _ceiling_section(inputs: ReportInputs, model_name: str) -> str:
-    ceiling = inputs.ceiling
+def _ceiling_section(ceiling: Mapping[str, Any] | None, model_name: str, record: bool) -> str:
+    """The predictors against the state oracle (``record=False``) or against the record oracle."""
     if not ceiling:
         return ""
-    names = {"model": model_name, "oracle": "Oracle (true probabilities)", **REFERENCE_NAMES}
+    oracle_name = "Record oracle (best from the record)" if record else "Oracle (true probabilities)"
+    names = {"model": model_name, "oracle": oracle_name, **REFERENCE_NAMES}
     one_cut = any(entry.get("gap_closed_one_cut") for entry in ceiling["predictors"].values())
     rows = []
     for key, entry in ceiling["predictors"].items():
@@ -339,24 +344,34 @@ def _ceiling_section(inputs: ReportInputs, model_name: str) -> str:
         if one_cut:
             row.append(format_share(entry.get("gap_closed_one_cut")))
         rows.append(row)
+    target = "record oracle" if record else "oracle"
     headers = ["Predictor"] + [f"{METRIC_LABELS[k]} (95% CI)" for k in REFERENCE_METRICS]
-    headers.append("Gap closed, logistic regression to oracle (95% CI)")
+    headers.append(f"Gap closed, logistic regression to {target} (95% CI)")
     if one_cut:
-        headers.append("Gap closed, one-cut logistic regression to oracle (95% CI)")
-    intro = (
-        f"On synthetic data the generator knows each patient's true risk. At one random visit per held-out "
-        f"patient ({fmt(ceiling.get('n_samples'))} samples from {fmt(ceiling.get('n_patients'))} patients) "
-        "the oracle gives the true probability of each code at the next visit, the best any predictor can "
-        "do. The gap columns say how much of the distance from a logistic regression (0%) to the oracle "
-        "(100%) a predictor covers on macro AP: from the bag-of-codes one fitted on every visit (the "
-        "stricter yardstick) and, where shown, from the classic one fitted on one cut per patient."
-    )
-    return _section(
-        "Against the ceiling (synthetic data)", _p(intro), _table(headers, rows), _history_split(ceiling, names)
-    )
+        headers.append(f"Gap closed, one-cut logistic regression to {target} (95% CI)")
+    cuts = f"({fmt(ceiling.get('n_samples'))} samples from {fmt(ceiling.get('n_patients'))} patients)"
+    if record:
+        title = "Against the learnable ceiling (synthetic data)"
+        intro = (
+            f"The oracle above sees conditions the record does not show yet. The record oracle answers at the "
+            f"same visits {cuts} from the recorded history alone: the generator's probabilities averaged over "
+            "every state it could be in given what was recorded (importance sampling). It is the best any "
+            "model of the record can do, so the gap columns here say how much of what is learnable a "
+            "predictor has learned."
+        )
+    else:
+        title = "Against the ceiling (synthetic data)"
+        intro = (
+            f"On synthetic data the generator knows each patient's true risk. At one random visit per held-out "
+            f"patient {cuts} the oracle gives the true probability of each code at the next visit, the best any "
+            "predictor can do. The gap columns say how much of the distance from a logistic regression (0%) to "
+            "the oracle (100%) a predictor covers on macro AP: from the bag-of-codes one fitted on every visit "
+            "(the stricter yardstick) and, where shown, from the classic one fitted on one cut per patient."
+        )
+    return _section(title, _p(intro), _table(headers, rows), _history_split(ceiling, names, record))
 
 
-def _history_split(ceiling: Mapping[str, Any], names: Mapping[str, str]) -> str:
+def _history_split(ceiling: Mapping[str, Any], names: Mapping[str, str], record: bool = False) -> str:
     """The ceiling table's macro AP and gap closed apart on codes already on file and on new onsets."""
     parts = ceiling.get("by_history")
     if not parts:
@@ -371,12 +386,15 @@ def _history_split(ceiling: Mapping[str, Any], names: Mapping[str, str]) -> str:
             entry = parts[part].get(key, {})
             row += [fmt_ci(entry.get("macro_ap"), entry.get("ci")), format_share(entry.get("gap_closed"), ci=False)]
         rows.append(row)
-    intro = (
-        "The same cells apart: codes already on file for the patient, and codes not yet recorded (new onsets). "
-        "The generator knows conditions that have begun but are not yet recorded; no model of the recorded "
-        "history can see them, so the oracle's lead on new onsets is partly out of any model's reach, while on "
-        "codes already on file a model can come close to it."
-    )
+    intro = "The same cells apart: codes already on file for the patient, and codes not yet recorded (new onsets). "
+    if record:
+        intro += "Both parts are learnable from the record here: a gap left on new onsets is the model's to close."
+    else:
+        intro += (
+            "The generator knows conditions that have begun but are not yet recorded; no model of the recorded "
+            "history can see them, so the oracle's lead on new onsets is partly out of any model's reach, while "
+            "on codes already on file a model can come close to it."
+        )
     return _p(intro) + _table(headers, rows)
 
 

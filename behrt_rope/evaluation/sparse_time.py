@@ -146,8 +146,8 @@ def fit_sparse_time(
 ) -> SparseTimeFit:
     """One L1 logistic regression per label on its own and the shared columns. A label constant in training
     (or with fewer than two positives) gets the logit of its training rate (clipped to [1e-6, 1 - 1e-6]), as
-    the other references give it that rate. Labels are fitted in parallel threads (``n_jobs``, -1: all cores);
-    the result does not depend on ``n_jobs``."""
+    the other references give it that rate. Labels are fitted in parallel processes (``n_jobs``, -1: all
+    cores); the result does not depend on ``n_jobs`` and is the same at every run."""
     Y = np.asarray(Y_train)
     if Y.ndim != 2 or Y.shape[0] != len(train):
         raise ValueError(f"Y_train must be (N_train, L) with N_train = {len(train)}, got {Y.shape}")
@@ -162,16 +162,20 @@ def fit_sparse_time(
     if not len(varying):
         return fit
     shared = shared_design(train)
-
-    def fit_one(j: int) -> LogisticRegression:
-        return l1_logistic_regression(c).fit(label_design(train, shared, j), Y[:, j].astype(int))
-
     labels = tqdm(varying, desc="sparse time regression", unit="label", disable=not progress, leave=False)
-    models = Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fit_one)(j) for j in labels)
-    for j, model in zip(varying, models):
-        fit.own_weight[j], fit.shared_weight[j] = model.coef_[0, :OWN_COLUMNS], model.coef_[0, OWN_COLUMNS:]
-        fit.bias[j] = model.intercept_[0]
+    # Processes, not threads: liblinear draws its coordinate order from one process-wide generator, so fits
+    # running side by side in threads interleave their draws and the weights change from run to run.
+    # joblib memory-maps the large arrays once for all the workers.
+    tasks = (delayed(_fit_label)(train, shared, j, Y[:, j], c) for j in labels)
+    for j, (coef, intercept) in zip(varying, Parallel(n_jobs=n_jobs, backend="loky")(tasks)):
+        fit.own_weight[j], fit.shared_weight[j], fit.bias[j] = coef[:OWN_COLUMNS], coef[OWN_COLUMNS:], intercept
     return fit
+
+
+def _fit_label(train: TimeFeatures, shared: sp.csr_matrix, j: int, y: np.ndarray, c: float) -> tuple[np.ndarray, float]:
+    """Label ``j``'s L1 regression on its design (``y`` ``(N,)`` 0/1): ``(coefficients, intercept)``."""
+    model = l1_logistic_regression(c).fit(label_design(train, shared, j), y.astype(int))
+    return model.coef_[0], float(model.intercept_[0])
 
 
 def fit_predict_sparse_time(

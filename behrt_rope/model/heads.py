@@ -229,8 +229,15 @@ class BehrtForMultiLabel(nn.Module):
         logits = self.deep_logits(token_ids, ages, segments, visit_index, attention_mask, score_at, sex)
         if self.sparse_time is None:
             return logits
+        return self.mix_logits(logits, self.path_logits(token_ids, visit_index, ages, score_at, sex))
+
+    def mix_logits(self, deep: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
+        """The model's logit from :meth:`deep_logits` and :meth:`path_logits` (both ``(N, L)``):
+        ``(1 - share) * deep + share * path`` in float32 (an error without the path)."""
+        if self.sparse_time is None:
+            raise ValueError("mix_logits needs the sparse time path (model.sparse_time)")
         share = self.sparse_time.share
-        return (1.0 - share) * logits.float() + share * self.path_logits(token_ids, visit_index, ages, score_at, sex)
+        return (1.0 - share) * deep.float() + share * path
 
     def path_logits(
         self,

@@ -28,7 +28,10 @@ def multilabel_model(bundle: dict[str, Any]) -> BehrtForMultiLabel:
     return model.eval()
 
 
-@torch.inference_mode()
+Part = Literal["model", "deep", "path"]
+PARTS: tuple[Part, ...] = ("model", "deep", "path")
+
+
 def score(
     model: BehrtForMultiLabel,
     seqs: Sequences,
@@ -37,7 +40,7 @@ def score(
     batch_size: int = 256,
     device: torch.device | None = None,
     progress: bool = False,
-    part: Literal["model", "deep", "path"] = "model",
+    part: Part = "model",
 ) -> np.ndarray:
     """Probabilities (N, L) float32 for the first ``cuts[i]`` tokens of patient ``rows[i]`` (default: every
     patient's whole stream, i.e. as of its last visit). Each cut must end with a visit's [SEP].
@@ -46,32 +49,61 @@ def score(
     With visit pooling, all of a patient's samples are scored in one visit-causal pass; items are batched
     in length order to keep padding low. Puts ``model`` in eval mode.
     """
+    return score_parts(model, seqs, rows, cuts, batch_size, device, progress, (part,))[part]
+
+
+@torch.inference_mode()
+def score_parts(
+    model: BehrtForMultiLabel,
+    seqs: Sequences,
+    rows: np.ndarray | None = None,
+    cuts: np.ndarray | None = None,
+    batch_size: int = 256,
+    device: torch.device | None = None,
+    progress: bool = False,
+    parts: tuple[Part, ...] = ("model",),
+) -> dict[Part, np.ndarray]:
+    """:func:`score` for several ``parts`` in one pass: ``{part: (N, L) float32 probabilities}``. The encoder
+    runs once per batch whatever the parts (the model's logit is the mix of the deep part's and the path's,
+    as in :meth:`BehrtForMultiLabel.forward`)."""
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise ValueError(f"part must be one of {PARTS}, got {unknown[0]!r}")
     device = device or torch.device("cpu")
     model = model.to(device).eval()  # no dropout; a model straight from training is in train mode
     rows = np.arange(len(seqs)) if rows is None else np.asarray(rows, dtype=np.int64)
     cuts = seqs.lengths[rows] if cuts is None else np.asarray(cuts, dtype=np.int64)
     dataset, collate = labelled_dataset(seqs, rows, cuts, None, None, model.pooling)
     order = np.argsort(dataset.lengths, kind="stable")  # type: ignore[attr-defined]
-    out = np.zeros((len(rows), model.num_labels), dtype=np.float32)
+    out = {part: np.zeros((len(rows), model.num_labels), dtype=np.float32) for part in parts}
     autocast = device.type == "cuda" and torch.cuda.is_bf16_supported()
     for start in tqdm(range(0, len(order), batch_size), desc="scoring", disable=not progress, unit="batch"):
         index = order[start : start + batch_size]
         batch = {k: v.to(device) for k, v in collate([dataset[int(i)] for i in index]).items()}
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = _part_logits(model, part, batch)
-        out[_sample_ids(dataset, index)] = torch.sigmoid(logits.float()).cpu().numpy()
+            logits = _part_logits(model, parts, batch)
+        ids = _sample_ids(dataset, index)
+        for part in parts:
+            out[part][ids] = torch.sigmoid(logits[part].float()).cpu().numpy()
     return out
 
 
-def _part_logits(model: BehrtForMultiLabel, part: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def _part_logits(
+    model: BehrtForMultiLabel, parts: tuple[Part, ...], batch: dict[str, torch.Tensor]
+) -> dict[Part, torch.Tensor]:
+    """The logits of each of ``parts``, the encoder run at most once."""
     inputs, score_at = model_inputs(batch), batch.get("score_at")
-    if part == "path":
-        return model.path_logits(
+    logits: dict[Part, torch.Tensor] = {}
+    has_path = model.sparse_time is not None
+    if "deep" in parts or "model" in parts:
+        logits["deep"] = model.deep_logits(**inputs, score_at=score_at)
+    if "path" in parts or ("model" in parts and has_path):
+        logits["path"] = model.path_logits(
             inputs["token_ids"], inputs["visit_index"], inputs["ages"], score_at, inputs.get("sex")
         )
-    if part not in ("model", "deep"):
-        raise ValueError(f"part must be 'model', 'deep' or 'path', got {part!r}")
-    return (model if part == "model" else model.deep_logits)(**inputs, score_at=score_at)
+    if "model" in parts:
+        logits["model"] = model.mix_logits(logits["deep"], logits["path"]) if has_path else logits["deep"]
+    return logits
 
 
 def _sample_ids(dataset: torch.utils.data.Dataset, items: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from behrt_rope.data.sequences import Sequences
 from behrt_rope.evaluation.sparse_time import fit_sparse_time
 from behrt_rope.evaluation.time_features import time_features
 from behrt_rope.model.heads import BehrtForMultiLabel
-from behrt_rope.training.inference import score
+from behrt_rope.training.inference import score_parts
 from behrt_rope.training.tasks import macro_average_precision
 
 log = logging.getLogger("behrt_rope.finetune")
@@ -61,9 +61,8 @@ def set_path_share(
     samples). Returns what ``metrics.json`` records."""
     assert model.sparse_time is not None
     if share is None and len(y):
-        deep, path = (
-            logit(score(model, seqs, samples.rows, samples.cuts, device=device, part=p)) for p in ("deep", "path")
-        )
+        probs = score_parts(model, seqs, samples.rows, samples.cuts, device=device, parts=("deep", "path"))
+        deep, path = logit(probs["deep"]), logit(probs["path"])
         scores = choose_share(deep, path, y)
         share = max(scores, key=lambda w: (scores[w], -abs(w - 0.5)))  # ties: the more even mix
         log.info("finetune: sparse time path share %.2f (macro AP on the tuning split by share: %s)", share, scores)
