@@ -3,6 +3,7 @@
     python benchmarks/quality.py [--cohorts default short_sparse long_dense] [--patients 8000]
                                  [--split 0.5 0.05 0.45]
                                  [--work DIR] [--oracle-replicas 300] [--markdown FILE] [--with-wide]
+                                 [--record-oracle-particles 1000]
                                  [-- extra overrides for pretrain and finetune, e.g. trainer.max_epochs=2]
 
 For each cohort: ``behrt-rope synth`` (with ``oracle=true``) -> ``etl`` -> ``pretrain`` -> ``finetune
@@ -18,8 +19,11 @@ from either regression (macro AP, with a paired interval), the same predictors o
 and the CPU and wall seconds of each stage (CPU: user + system of the stage's process and its children). With
 ``--with-wide`` a second model is fine-tuned from the same pre-trained encoder with ``model.wide=true`` (the
 bag-of-codes path, off by default) and scored at the same cuts (row ``model_with_wide_path``): what the wide
-path would add to the encoder. With
-``--markdown FILE`` it also writes the table that ``docs/benchmarks.md`` shows.
+path would add to the encoder. With ``--record-oracle-particles N`` the clinical cohorts are also measured
+against the record oracle of their held-out patients (``synthetic_data/record_oracle.py``: the best
+prediction from the recorded history alone, the ceiling a model can reach; about 15 minutes of one core per
+3,600 patients at N = 1000): ``gap_closed_record`` per predictor. With ``--markdown FILE`` it also writes the
+table that ``docs/benchmarks.md`` shows.
 
 The cohorts differ in structure, and their seeds are ones the defaults were never tuned on:
 
@@ -96,8 +100,10 @@ def run_cohort(
     extra: list[str],
     with_wide: bool = False,
     split: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    record_particles: int = 0,
 ) -> dict[str, Any]:
-    """Every stage on one cohort; the figures of its evaluation and the cost of each stage."""
+    """Every stage on one cohort; the figures of its evaluation and the cost of each stage. With
+    ``record_particles`` (clinical cohorts) also the record oracle of the held-out patients."""
     d = {s: work / name / s for s in ("cohort", "etl", "pretrain", "finetune", "evaluate")}
     seconds = {
         "synth": stage(
@@ -118,6 +124,11 @@ def run_cohort(
             str(d["etl"]),
             "progress=false",
             *(f"etl.split.{k}={v}" for k, v in zip(("train", "tuning", "held_out"), split)),
+        ),
+        **(
+            {"record_oracle": write_record_oracle(d["cohort"], d["etl"], record_particles, replicas)}
+            if record_particles and "synth.process=recurrence" not in COHORTS[name]
+            else {}
         ),
         "pretrain": stage(
             "pretrain", "--data", str(d["etl"]), "--out", str(d["pretrain"]), "trainer.progress_bar=false", *extra
@@ -175,8 +186,9 @@ def run_cohort(
     metrics = json.loads((d["evaluate"] / "metrics.json").read_text())
     finetune = json.loads((d["finetune"] / "metrics.json").read_text())
     manifest = json.loads((d["etl"] / "manifest.json").read_text())
-    ceiling = metrics["ceiling"]
+    ceiling, record = metrics["ceiling"], metrics.get("ceiling_record") or {"predictors": {}}
     by_history = ceiling.get("by_history") or {}
+    record_by_history = record.get("by_history") or {}
     if with_wide:
         wide_ceiling = json.loads((work / name / "evaluate_with_wide" / "metrics.json").read_text())["ceiling"]
         ceiling["predictors"]["model_with_wide_path"] = wide_ceiling["predictors"]["model"]
@@ -198,11 +210,26 @@ def run_cohort(
                     "gap_closed": ceiling["predictors"][p]["gap_closed"],
                     "gap_closed_one_cut": ceiling["predictors"][p].get("gap_closed_one_cut"),
                     "gap_closed_by_history": {part: e[p]["gap_closed"] for part, e in by_history.items() if p in e},
+                    **(
+                        {
+                            "gap_closed_record": record["predictors"][p]["gap_closed"],
+                            "gap_closed_record_by_history": {
+                                part: e[p]["gap_closed"] for part, e in record_by_history.items() if p in e
+                            },
+                        }
+                        if p in record["predictors"]
+                        else {}
+                    ),
                 }
                 for p in PREDICTORS + ("model_with_wide_path",) * with_wide
                 if p in ceiling["predictors"]
             },
         },
+        **(
+            {"record_oracle_macro_ap": _with_ci(record["predictors"]["oracle"]["overall"], "macro_ap")}
+            if "oracle" in record["predictors"]
+            else {}
+        ),
         "all_held_out": {
             "n_samples": metrics["model"]["n_samples"],
             **{
@@ -216,29 +243,61 @@ def run_cohort(
     }
 
 
+def write_record_oracle(cohort: Path, etl: Path, particles: int, replicas: int) -> dict[str, float]:
+    """The record oracle of the held-out patients (``synthetic_data/record_oracle.py``), written beside the
+    state oracle as ``cohort/oracle_record.parquet`` so that ``evaluate oracle=cohort`` measures against
+    both; its CPU and wall seconds (it runs in this process, on one core)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    import yaml
+
+    from behrt_rope import schema as S
+    from synthetic_data.generator import SynthConfig
+    from synthetic_data.record_oracle import record_oracle_table
+
+    cpu, started = time.process_time(), time.perf_counter()
+    cfg = SynthConfig(**yaml.safe_load((cohort / "config.yaml").read_text())["synth"])
+    tokens = pq.read_table(etl / S.TOKENS_DIR, columns=[S.PATIENT_ID, S.SPLIT])
+    held = tokens.filter(pc.equal(tokens[S.SPLIT], S.HELD_OUT))[S.PATIENT_ID].to_pylist()
+    oracle = record_oracle_table(cfg, particles=particles, replicas=replicas, patients=held)
+    oracle.table.to_parquet(cohort / S.RECORD_ORACLE_FILE, index=False)
+    return {"cpu_s": round(time.process_time() - cpu, 1), "wall_s": round(time.perf_counter() - started, 1)}
+
+
 def _with_ci(overall: dict[str, Any], key: str) -> dict[str, Any]:
     return {"point": overall[key], "ci": (overall.get("ci") or {}).get(key)}
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The docs table: one row per cohort and predictor, at the oracle's cuts."""
+    """The docs table: one row per cohort and predictor, at the oracle's cuts (with the record oracle's
+    columns when a cohort has it)."""
+    record = any("record_oracle_macro_ap" in r for r in results["cohorts"].values())
     lines = [
         "| cohort | predictor | macro AP (95% CI) | micro AP | macro AUROC | gap closed (95% CI) "
-        "| from the one-cut LR (95% CI) | on codes on file | on new onsets |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| from the one-cut LR (95% CI) | on codes on file | on new onsets |"
+        + (" gap closed to the record oracle (95% CI) | on file / new onsets |" if record else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if record else ""),
     ]
     for cohort, r in results["cohorts"].items():
+        if "record_oracle_macro_ap" in r:
+            ap = r["record_oracle_macro_ap"]
+            lines.append(f"| {cohort} | record oracle | {ap['point']:.3f} |" + " |" * (6 + 2 * record))
         for p in [p for p in (*PREDICTORS, "model_with_wide_path") if p in r["at_oracle_cuts"]]:
             e = r["at_oracle_cuts"][p]
             ap = e["macro_ap"]
             ci = f" ({ap['ci'][0]:.3f}-{ap['ci'][1]:.3f})" if ap["ci"] else ""
             parts = e.get("gap_closed_by_history") or {}
             split = " | ".join(format_share(parts.get(part), ci=False) for part in HISTORY_PARTS)
-            lines.append(
+            row = (
                 f"| {cohort} | {p} | {ap['point']:.3f}{ci} | {e['micro_ap']['point']:.3f} | "
                 f"{e['macro_auroc']['point']:.3f} | {format_share(e['gap_closed'])} "
                 f"| {format_share(e.get('gap_closed_one_cut'))} | {split} |"
             )
+            if record:
+                on_record = e.get("gap_closed_record_by_history") or {}
+                halves = " / ".join(format_share(on_record.get(part), ci=False) for part in HISTORY_PARTS)
+                row += f" {format_share(e.get('gap_closed_record'))} | {halves} |"
+            lines.append(row)
     lines += [
         "",
         "| cohort | patients | mean tokens per patient | held-out samples at cuts | train CPU s (wall s) |",
@@ -266,6 +325,13 @@ def main(argv: list[str] | None = None) -> int:
         "oracle comparison (one cut per held-out patient)",
     )
     parser.add_argument("--oracle-replicas", type=int, default=300)
+    parser.add_argument(
+        "--record-oracle-particles",
+        type=int,
+        default=0,
+        help="also measure against the record oracle of the held-out patients (clinical cohorts) with this "
+        "many copies per patient (1000: about a quarter of a core-second per patient); 0: off",
+    )
     parser.add_argument("--work", type=Path, default=None, help="keep every stage's output here")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the docs table here")
     parser.add_argument(
@@ -279,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": "quality",
             "patients": args.patients,
             "oracle_replicas": args.oracle_replicas,
+            "record_oracle_particles": args.record_oracle_particles,
             "split": args.split,
             "overrides": args.extra,
             "cohorts": {},
@@ -286,7 +353,14 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.cohorts:
             print(f"quality: cohort {name}", file=sys.stderr, flush=True)
             results["cohorts"][name] = run_cohort(
-                work, name, args.patients, args.oracle_replicas, args.extra, args.with_wide, tuple(args.split)
+                work,
+                name,
+                args.patients,
+                args.oracle_replicas,
+                args.extra,
+                args.with_wide,
+                tuple(args.split),
+                args.record_oracle_particles,
             )
     print(json.dumps(results, indent=2))
     if args.markdown:

@@ -3,7 +3,11 @@ already on file and on new onsets (``benchmarks/quality.py``; the benchmark itse
 
 from __future__ import annotations
 
-from benchmarks.quality import PREDICTORS, markdown
+import pandas as pd
+
+from behrt_rope import schema as S
+from behrt_rope.cli import main
+from benchmarks.quality import PREDICTORS, markdown, write_record_oracle
 
 
 def _entry(share: float, on_file: float | None, new: float | None) -> dict:
@@ -40,3 +44,48 @@ def test_table_has_the_history_split_per_predictor():
     assert rows["model"].endswith("| 42% (32% to 52%) | – | 61% | 12% |")
     assert rows["logistic_regression"].endswith("| – | – |")
     assert all(row.count("|") == header.count("|") for row in rows.values())
+
+
+def test_table_adds_the_record_oracle_columns_when_a_cohort_has_them():
+    model = _entry(0.42, 0.61, 0.12) | {
+        "gap_closed_record": {"point": 0.62, "ci": [0.42, 0.83]},
+        "gap_closed_record_by_history": {"on_file": {"point": 0.67}, "new_onset": {"point": 0.6}},
+    }
+    cohort = {
+        "patients": 8000,
+        "tokens_per_patient": 50.0,
+        "train_cpu_s": 400.0,
+        "train_wall_s": 390.0,
+        "at_oracle_cuts": {"n_samples": 100, "model": model, "oracle": _entry(1.0, 1.0, 1.0)},
+        "record_oracle_macro_ap": {"point": 0.2577, "ci": None},
+    }
+    recurrence = cohort | {"at_oracle_cuts": {"n_samples": 100, "model": _entry(0.8, 0.8, 0.3)}}
+    del recurrence["record_oracle_macro_ap"]  # no record oracle for the recurrence family
+    table = markdown({"cohorts": {"default": cohort, "recurrence": recurrence}}).split("\n\n")[0].splitlines()
+    header = table[0]
+    assert header.endswith("| gap closed to the record oracle (95% CI) | on file / new onsets |")
+    rows = {tuple(line.split(" | ")[:2]): line for line in table[2:]}
+    assert rows[("| default", "model")].endswith("| 62% (42% to 83%) | 67% / 60% |")
+    assert rows[("| default", "record oracle")].startswith("| default | record oracle | 0.258 |")
+    assert rows[("| recurrence", "model")].endswith("| – | – / – |")
+    assert all(row.count("|") == header.count("|") for row in rows.values())
+
+
+def test_record_oracle_is_written_for_the_held_out_patients_beside_the_state_oracle(tmp_path):
+    cohort, etl = tmp_path / "cohort", tmp_path / "etl"
+    assert main(["synth", "--out", str(cohort), "--patients", "120", "--seed", "3", "oracle=true",
+                 "oracle_replicas=5"]) == 0  # fmt: skip
+    assert main(["etl", "--input", str(cohort), "--out", str(etl), "progress=false", "etl.split.train=0.5",
+                 "etl.split.tuning=0.1", "etl.split.held_out=0.4"]) == 0  # fmt: skip
+    seconds = write_record_oracle(cohort, etl, particles=10, replicas=5)
+    assert seconds["wall_s"] >= 0
+    record, state = pd.read_parquet(cohort / S.RECORD_ORACLE_FILE), pd.read_parquet(cohort / S.ORACLE_FILE)
+    tokens = pd.read_parquet(etl / S.TOKENS_DIR, columns=[S.PATIENT_ID, S.SPLIT])
+    held = set(tokens.loc[tokens[S.SPLIT] == S.HELD_OUT, S.PATIENT_ID])
+    expected = held & set(state[S.PATIENT_ID])  # the held-out patients with a cut
+    # a cut where every copy dies before the next visit has no probabilities (likely with 5 replicas)
+    assert set(record[S.PATIENT_ID]) <= expected and record[S.PATIENT_ID].nunique() >= 0.9 * len(expected)
+    key = [S.PATIENT_ID, S.PREDICTION_TIME]
+    cuts = state[state[S.PATIENT_ID].isin(set(record[S.PATIENT_ID]))][key].drop_duplicates()
+    cuts = cuts.sort_values(key, ignore_index=True)
+    pd.testing.assert_frame_equal(record[key].drop_duplicates().sort_values(key, ignore_index=True), cuts)
