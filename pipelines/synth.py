@@ -6,8 +6,9 @@ described in ``synthetic_data/README.md``. With ``oracle=true`` it also writes `
 random cut visit per patient, the generator's true probability of each code at the next visit (see
 ``synthetic_data/oracle.py``), which ``behrt-rope evaluate ... oracle=DIR`` turns into a ceiling. With
 ``record_oracle=true`` (clinical process) it also writes ``oracle_record.parquet``: at the same cuts, the best
-prediction from the recorded history alone (``synthetic_data/record_oracle.py``);
-``evaluate ... oracle=DIR/oracle_record.parquet`` measures the gap against that learnable ceiling instead.
+prediction from the recorded history alone (``synthetic_data/record_oracle.py``); ``evaluate ... oracle=DIR``
+then measures every predictor against both ceilings, ``oracle=DIR/oracle_record.parquet`` against that
+learnable one alone.
 """
 
 from __future__ import annotations
