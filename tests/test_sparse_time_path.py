@@ -110,15 +110,22 @@ def test_bundles_written_before_the_path_load_without_it():
     assert ADDED_LATER["sparse_time"] is False
 
 
-def test_model_logit_is_the_mean_of_the_deep_part_and_the_path_and_training_reads_the_deep_part(tmp_path):
-    seqs, samples, label_ids, _ = _cohort(tmp_path, n_patients=10, seed=2)
+def _model_with_random_path(label_ids: np.ndarray, seed: int) -> BehrtForMultiLabel:
+    """A tiny model in eval mode whose sparse time path holds seeded random weights (share 0.5)."""
     config = ModelConfig(vocab_size=int(label_ids.max()) + 2, hidden_size=16, num_heads=2, intermediate_size=16)
     config.sparse_time = True
     model = BehrtForMultiLabel(config, len(label_ids), label_token_ids=label_ids.tolist()).eval()
     assert model.sparse_time is not None
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
     shapes = (model.sparse_time.own_weight.shape, model.sparse_time.shared_weight.shape, (len(label_ids),))
     model.sparse_time.load_fit(*(torch.randn(shape, generator=generator) for shape in shapes))
+    return model
+
+
+def test_model_logit_is_the_mean_of_the_deep_part_and_the_path_and_training_reads_the_deep_part(tmp_path):
+    seqs, samples, label_ids, _ = _cohort(tmp_path, n_patients=10, seed=2)
+    model = _model_with_random_path(label_ids, seed=0)
+    assert model.sparse_time is not None
     _, _, batch, _ = _path_features(seqs, samples, label_ids)
     inputs = model_inputs(batch) | {"score_at": batch["score_at"]}
     with torch.no_grad():
@@ -134,13 +141,8 @@ def test_model_logit_is_the_mean_of_the_deep_part_and_the_path_and_training_read
 
 def test_scoring_several_parts_in_one_pass_equals_scoring_each_and_runs_the_encoder_once(tmp_path):
     seqs, samples, label_ids, _ = _cohort(tmp_path, n_patients=12, seed=3)
-    config = ModelConfig(vocab_size=int(label_ids.max()) + 2, hidden_size=16, num_heads=2, intermediate_size=16)
-    config.sparse_time = True
-    model = BehrtForMultiLabel(config, len(label_ids), label_token_ids=label_ids.tolist()).eval()
+    model = _model_with_random_path(label_ids, seed=1)
     assert model.sparse_time is not None
-    generator = torch.Generator().manual_seed(1)
-    shapes = (model.sparse_time.own_weight.shape, model.sparse_time.shared_weight.shape, (len(label_ids),))
-    model.sparse_time.load_fit(*(torch.randn(shape, generator=generator) for shape in shapes))
     model.sparse_time.set_share(0.6)
     passes = []
     model.encoder.register_forward_hook(lambda *_: passes.append(1))
