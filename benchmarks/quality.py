@@ -247,18 +247,15 @@ def write_record_oracle(cohort: Path, etl: Path, particles: int, replicas: int) 
     """The record oracle of the held-out patients (``synthetic_data/record_oracle.py``), written beside the
     state oracle as ``cohort/oracle_record.parquet`` so that ``evaluate oracle=cohort`` measures against
     both; its CPU and wall seconds (it runs in this process, on one core)."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-    import yaml
-
+    from behrt_rope import config as config_lib
     from behrt_rope import schema as S
+    from behrt_rope.data.sequences import load_tokens
     from synthetic_data.generator import SynthConfig
     from synthetic_data.record_oracle import record_oracle_table
 
     cpu, started = time.process_time(), time.perf_counter()
-    cfg = SynthConfig(**yaml.safe_load((cohort / "config.yaml").read_text())["synth"])
-    tokens = pq.read_table(etl / S.TOKENS_DIR, columns=[S.PATIENT_ID, S.SPLIT])
-    held = tokens.filter(pc.equal(tokens[S.SPLIT], S.HELD_OUT))[S.PATIENT_ID].to_pylist()
+    cfg = config_lib.build(SynthConfig, config_lib.load_yaml(cohort / S.RESOLVED_CONFIG_FILE)["synth"])
+    held = load_tokens(etl).split(S.HELD_OUT).patients[S.PATIENT_ID].astype(str).tolist()
     oracle = record_oracle_table(cfg, particles=particles, replicas=replicas, patients=held)
     oracle.table.to_parquet(cohort / S.RECORD_ORACLE_FILE, index=False)
     return {"cpu_s": round(time.process_time() - cpu, 1), "wall_s": round(time.perf_counter() - started, 1)}

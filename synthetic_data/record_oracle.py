@@ -120,10 +120,10 @@ def record_oracle_table(
     states: list[dict[str, np.ndarray]] = []
     ess = np.empty(len(who))
     for start in tqdm(range(0, len(who), per_chunk), desc="record oracle", unit="chunk", leave=False):
-        patients = who[start : start + per_chunk]
-        walk = _Walk(clean, record, patients, particles, rng)
+        chunk = who[start : start + per_chunk]
+        walk = _Walk(clean, record, chunk, particles, rng)
         walk.run()
-        chunk_states, ess[start : start + len(patients)] = walk.resample(replicas)
+        chunk_states, ess[start : start + len(chunk)] = walk.resample(replicas)
         states.append(chunk_states)
     merged = {name: np.concatenate([s[name] for s in states]) for name in states[0]}
     counts, totals = _simulate_next_visits(clean, merged, 1, rng)

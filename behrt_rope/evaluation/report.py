@@ -371,7 +371,7 @@ def _ceiling_section(ceiling: Mapping[str, Any] | None, model_name: str, record:
     return _section(title, _p(intro), _table(headers, rows), _history_split(ceiling, names, record))
 
 
-def _history_split(ceiling: Mapping[str, Any], names: Mapping[str, str], record: bool = False) -> str:
+def _history_split(ceiling: Mapping[str, Any], names: Mapping[str, str], record: bool) -> str:
     """The ceiling table's macro AP and gap closed apart on codes already on file and on new onsets."""
     parts = ceiling.get("by_history")
     if not parts:
