@@ -70,6 +70,9 @@ class SynthConfig:
     """clinical: the disease story of README.md (hidden onsets, progression chains, pregnancy, death);
     recurrence: codes that recur, persist and trigger each other as a logistic function of the recorded
     history, with a catalogue drawn afresh from each seed (``synthetic_data/recurrence.py``)."""
+    codes: int = 64
+    """Distinct codes in the recurrence process's drawn catalogue, the routine code included (the clinical
+    process has its own fixed catalogue and ignores this)."""
 
     def __post_init__(self) -> None:
         if self.patients < 1:
@@ -85,6 +88,8 @@ class SynthConfig:
             raise ValueError("visit_rate and max_age must be > 0 and max_visits >= 1")
         if self.process not in ("clinical", "recurrence"):
             raise ValueError(f"process must be clinical or recurrence, got {self.process!r}")
+        if not 8 <= self.codes <= 2000:
+            raise ValueError(f"codes must lie in [8, 2000], got {self.codes}")
         if not 0.0 <= self.followup_probability <= 1.0 or self.noise_codes_per_visit < 0:
             raise ValueError("followup_probability must lie in [0, 1] and noise_codes_per_visit be >= 0")
 

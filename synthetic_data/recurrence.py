@@ -60,11 +60,11 @@ from synthetic_data.generator import (
 )
 from synthetic_data.oracle import ORACLE_SEED_OFFSET
 
-CODES = 64
-"""Codes in a drawn catalogue, the routine code included."""
 KIND_SHARES = {"chronic": 0.4, "recurrent": 0.35, "background": 0.25}
 ROUTINE = "Z00.0"
 CATALOGUE_SEED_OFFSET = 104_729
+DEFAULT_CODES = 64
+"""The catalogue size the per-code base rates are set for; larger catalogues get proportionally rarer codes."""
 FRAILTY_SD = 0.3
 CHRONIC_VISIT_BOOST = 0.1
 FOLLOWUP_MIN_DAYS, FOLLOWUP_MEAN_DAYS = 7.0, 14.0
@@ -110,15 +110,17 @@ class RecurrenceCatalogue:
 
 
 def draw_catalogue(cfg: SynthConfig) -> RecurrenceCatalogue:
-    """The codes and parameters of ``cfg.seed``'s cohort (sorted codes; the routine code is one of them).
+    """The ``cfg.codes`` codes and parameters of ``cfg.seed``'s cohort (sorted; the routine code is one of them).
 
     >>> cat = draw_catalogue(SynthConfig(seed=1, process="recurrence"))
     >>> len(cat.codes), ROUTINE in cat.codes, sorted(set(cat.kind)) == sorted(KIND_SHARES)
     (64, True, True)
+    >>> len(draw_catalogue(SynthConfig(seed=1, process="recurrence", codes=300)).codes)
+    300
     """
     rng = np.random.default_rng(cfg.seed + CATALOGUE_SEED_OFFSET)
     names: set[str] = set()
-    while len(names) < CODES - 1:
+    while len(names) < cfg.codes - 1:
         letter = "ABCDEFGHIJKLMNOPQRSTUVWXY"[rng.integers(25)]
         name = f"{letter}{rng.integers(100):02d}.{rng.integers(10)}"
         if name != ROUTINE:
@@ -130,8 +132,9 @@ def draw_catalogue(cfg: SynthConfig) -> RecurrenceCatalogue:
     chronic, recurrent, background = kind == "chronic", kind == "recurrent", kind == "background"
 
     base = np.empty(k)
-    base[chronic] = _logit(rng.uniform(0.002, 0.012, chronic.sum()))
-    base[recurrent] = _logit(rng.uniform(0.01, 0.06, recurrent.sum()))
+    rarer = DEFAULT_CODES / k  # a larger catalogue splits about the same amount of illness over more codes
+    base[chronic] = _logit(rng.uniform(0.002, 0.012, chronic.sum()) * rarer)
+    base[recurrent] = _logit(rng.uniform(0.01, 0.06, recurrent.sum()) * rarer)
     shares = rng.dirichlet(np.ones(background.sum()))  # background codes share noise_codes_per_visit
     base[background] = _logit(np.clip(shares * cfg.noise_codes_per_visit, 1e-4, 0.5))
     weak = np.where(background, 0.3, 1.0)

@@ -94,3 +94,16 @@ def test_recurrence_catalogue_is_drawn_per_seed():
     two = draw_catalogue(SynthConfig(seed=2, process="recurrence"))
     assert len(set(one.codes) & set(two.codes)) < len(one.codes) / 2
     assert not np.allclose(one.base[: len(two.base)], two.base)
+
+
+def test_a_larger_recurrence_catalogue_splits_the_same_illness_over_rarer_codes():
+    """``codes`` sets the catalogue size; each code gets rarer so that histories keep about the same length
+    (without the scaling, 300 codes gave about 12 times as many events per patient)."""
+    small = SynthConfig(patients=600, seed=4, process="recurrence")
+    large = SynthConfig(patients=600, seed=4, process="recurrence", codes=300)
+    assert len(draw_catalogue(large).codes) == 300
+    per_patient = [len(generate(cfg)[1]) / cfg.patients for cfg in (small, large)]
+    assert 0.5 < per_patient[1] / per_patient[0] < 1.5, per_patient
+    assert generate(large)[1][CODE].nunique() > 200
+    with pytest.raises(ValueError, match="codes must lie in"):
+        SynthConfig(process="recurrence", codes=3)
