@@ -30,6 +30,10 @@ The cohorts differ in structure, and their seeds are ones the defaults were neve
 * ``default``: the generator's defaults (11 years, about 0.55 routine visits a year).
 * ``short_sparse``: a 5-year window, half the visit rate, more background codes: short, noisy histories.
 * ``long_dense``: a 17-year window, twice the visit rate, more follow-up visits: long histories.
+* ``recurrence``, ``recurrence_sparse``: the second generator family (``synth.process=recurrence``), whose
+  oracle uses only the record, at the default density and with short, sparse histories.
+* ``recurrence_300_codes``: the same family with a catalogue of 300 codes instead of 64 (each rarer): about
+  three times as many labels, most of them with few positives.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ COHORTS: dict[str, list[str]] = {
         "synth.visit_rate=0.35",
         "synth.noise_codes_per_visit=1.2",
     ],
+    "recurrence_300_codes": ["--seed", "3041", "synth.process=recurrence", "synth.codes=300"],
 }
 PREDICTORS = ("model", *REFERENCE_NAMES, "oracle")
 
