@@ -17,6 +17,7 @@ from behrt_rope.evaluation.metrics import (
     percentile_interval,
     percentile_intervals,
     precision_recall_at_k,
+    summary_and_replicates,
     summary_metrics,
 )
 
@@ -78,6 +79,25 @@ def test_per_column_scores_equal_sklearn(seed: int, n: int, weighted: bool, mask
             continue
         assert ap[j] == pytest.approx(average_precision_score(yj, sj, sample_weight=wj))
         assert auroc[j] == pytest.approx(roc_auc_score(yj, sj, sample_weight=wj))
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 30), masked=st.booleans())
+def test_pooled_scores_equal_sklearn_with_ties(seed: int, n: int, masked: bool) -> None:
+    """The micro values come from the same ranking as their bootstrap replicates (no sklearn call), so they
+    must still equal sklearn's pooled metrics, ties and masks included."""
+    rng = np.random.default_rng(seed)
+    y = rng.random((n, 3)) < rng.uniform(0.05, 0.95)
+    score = rng.random((n, 3)).round(int(rng.integers(0, 3)))
+    mask = rng.random((n, 3)) < 0.7 if masked else np.ones((n, 3), dtype=bool)
+    summary, reps = summary_and_replicates(y, score, mask if masked else None, n_bootstrap=2, seed=seed)
+    assert reps["micro_ap"].shape == (2,)
+    yp, sp = y[mask], score[mask]
+    if yp.all() or not yp.any():
+        assert np.isnan(summary["micro_ap"]) and np.isnan(summary["micro_auroc"])
+        return
+    assert summary["micro_ap"] == pytest.approx(average_precision_score(yp, sp))
+    assert summary["micro_auroc"] == pytest.approx(roc_auc_score(yp, sp))
 
 
 def test_masked_metrics_equal_sklearn_on_selected_pairs() -> None:

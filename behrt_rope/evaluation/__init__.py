@@ -13,6 +13,7 @@ from behrt_rope.evaluation.metrics import (
     bootstrap_replicates,
     per_code_table,
     precision_recall_at_k,
+    summary_and_replicates,
     summary_metrics,
 )
 from behrt_rope.evaluation.report import ReportInputs, paired_difference, write_report
@@ -30,6 +31,7 @@ __all__ = [
     "per_code_table",
     "precision_recall_at_k",
     "reliability_bins",
+    "summary_and_replicates",
     "summary_metrics",
     "to_jsonable",
     "write_evaluation_report",

@@ -28,12 +28,11 @@ from behrt_rope.evaluation.calibration import calibration_summary
 from behrt_rope.evaluation.metrics import (
     CI_LEVEL,
     HEADLINE_METRICS,
-    bootstrap_replicates,
     check_inputs,
     per_code_frame,
     percentile_interval,
     precision_recall_at_k,
-    summary_metrics,
+    summary_and_replicates,
 )
 from behrt_rope.evaluation.report import BASELINE_NAME, ReportInputs, write_report
 
@@ -136,7 +135,7 @@ def evaluate_scores(
     """
     y, s, h = check_inputs(y_true, y_score, history)
     codes = [str(c) for c in label_codes] if label_codes is not None else [str(j) for j in range(y.shape[1])]
-    reps = bootstrap_replicates(y, s, None, n_bootstrap, seed)
+    overall, reps = summary_and_replicates(y, s, None, n_bootstrap, seed)
     per_code = per_code_frame(y, s, codes, reps)
     result: dict[str, Any] = {
         "n_samples": y.shape[0],
@@ -146,7 +145,7 @@ def evaluate_scores(
         "ci_level": CI_LEVEL,
         "pairing_key": pairing_key(y, h, n_bootstrap, seed),
         "repeat_share": float((y & h).sum() / y.sum()) if h is not None and y.any() else None,
-        "overall": _with_ci(summary_metrics(y, s), reps),
+        "overall": _with_ci(overall, reps),
         "new_onset": None,
         "bootstrap": {"overall": {name: reps[name] for name in HEADLINE_METRICS}},
         "at_k": precision_recall_at_k(y, s, ks),
@@ -155,8 +154,8 @@ def evaluate_scores(
         "curves": micro_curves(y, s),
     }
     if h is not None:
-        new_reps = bootstrap_replicates(y, s, ~h, n_bootstrap, seed)
-        result["new_onset"] = _with_ci(summary_metrics(y, s, ~h), new_reps)
+        new_onset, new_reps = summary_and_replicates(y, s, ~h, n_bootstrap, seed)
+        result["new_onset"] = _with_ci(new_onset, new_reps)
         result["bootstrap"]["new_onset"] = {name: new_reps[name] for name in HEADLINE_METRICS}
         result["new_onset_at_k"] = precision_recall_at_k(y, s, ks, ~h)
         per_code = per_code.merge(_new_onset_columns(y, s, codes, ~h), on=schema.CODE, how="left")

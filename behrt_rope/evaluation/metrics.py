@@ -10,11 +10,10 @@ Conventions shared by every function here:
 * AP is sklearn's ``average_precision_score`` (step-wise, no interpolation); AUROC is sklearn's
   ``roc_auc_score`` (ties count one half). Both are undefined (NaN) for a set of pairs without at least one
   positive and one negative.
-* The pooled ("micro") metrics call sklearn directly. Per-column metrics (per code, per sample) use
-  ``_Ranked``, a vectorised numpy implementation of the same two formulas with sample weights; the tests
-  check it against sklearn. It exists because one sklearn call costs about 10 ms at N = 20,000, so
-  L codes times hundreds of bootstrap replicates would take hours; a replicate here is one pass over the
-  (N, L) arrays.
+* Every metric uses ``_Ranked``, a vectorised numpy implementation of the same two formulas with sample
+  weights (per column: per code or per sample; or over the pooled pairs); the tests check it against
+  sklearn. It exists because one sklearn call costs about 10 ms at N = 20,000, so L codes times hundreds
+  of bootstrap replicates would take hours; a replicate here is one pass over the (N, L) arrays.
 * Bootstrap: samples (rows) are resampled with replacement, i.e. each replicate gives every row a
   multinomial count; the 95 % interval is the 2.5th and 97.5th percentile of the replicate values, NaN
   replicates (metric undefined in that resample) left out. The same ``seed`` and N give the same counts, so
@@ -30,7 +29,6 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
-from sklearn.metrics import average_precision_score, roc_auc_score
 
 from behrt_rope import schema
 
@@ -232,13 +230,6 @@ def _pooled(y: np.ndarray, s: np.ndarray, m: np.ndarray | None) -> tuple[np.ndar
     return (y.ravel(), s.ravel()) if m is None else (y[m], s[m])
 
 
-def _micro(y: np.ndarray, s: np.ndarray, m: np.ndarray | None) -> tuple[float, float]:
-    yp, sp = _pooled(y, s, m)
-    if yp.all() or not yp.any():
-        return np.nan, np.nan
-    return float(average_precision_score(yp, sp)), float(roc_auc_score(yp, sp))
-
-
 def _nanmean(values: np.ndarray) -> float:
     return float(np.mean(values[~np.isnan(values)])) if (~np.isnan(values)).any() else np.nan
 
@@ -261,31 +252,7 @@ def summary_metrics(y_true: ArrayLike, y_score: ArrayLike, mask: ArrayLike | Non
     >>> round(m["macro_ap"], 3), m["n_codes_macro"], m["samples_auroc"]
     (1.0, 2, 1.0)
     """
-    y, s, m = check_inputs(y_true, y_score, mask)
-    selected = np.ones(y.shape, dtype=bool) if m is None else m
-    micro_ap, micro_auroc = _micro(y, s, m)
-    code_ap, code_auroc = per_column_scores(y, s, m)
-    sample_ap, sample_auroc = per_column_scores(y.T, s.T, None if m is None else m.T)
-    n_codes_macro = int((~np.isnan(code_ap)).sum())
-    n_pos = int((y & selected).sum())
-    n_pairs = int(selected.sum())
-    return {
-        "micro_ap": micro_ap,
-        "macro_ap": _nanmean(code_ap),
-        "samples_ap": _nanmean(sample_ap),
-        "micro_auroc": micro_auroc,
-        "macro_auroc": _nanmean(code_auroc),
-        "samples_auroc": _nanmean(sample_auroc),
-        "n_samples": int(y.shape[0]),
-        "n_codes": int(y.shape[1]),
-        "n_codes_macro": n_codes_macro,
-        "n_codes_excluded": int(y.shape[1] - n_codes_macro),
-        "n_samples_evaluable": int((~np.isnan(sample_ap)).sum()),
-        "n_pairs": n_pairs,
-        "n_positive_pairs": n_pos,
-        "label_cardinality": n_pos / y.shape[0] if y.shape[0] else np.nan,
-        "label_density": n_pos / n_pairs if n_pairs else np.nan,
-    }
+    return summary_and_replicates(y_true, y_score, mask, n_bootstrap=0)[0]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -319,6 +286,19 @@ def bootstrap_replicates(
     Note: resampling duplicates positives, which raises AP a little for codes with few positives, so
     AP intervals of rare codes are skewed upwards; AUROC is not affected this way.
     """
+    return summary_and_replicates(y_true, y_score, mask, n_bootstrap, seed)[1]
+
+
+def summary_and_replicates(
+    y_true: ArrayLike,
+    y_score: ArrayLike,
+    mask: ArrayLike | None = None,
+    n_bootstrap: int = 200,
+    seed: int = 0,
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """``(summary_metrics(...), bootstrap_replicates(...))`` from one ranking of each kind: the scores are
+    sorted once per code, once pooled and once per sample, and the point estimates and every replicate are
+    read off those rankings (sorting the pooled N x L scores dominates the cost at hundreds of codes)."""
     y, s, m = check_inputs(y_true, y_score, mask)
     counts = bootstrap_counts(y.shape[0], n_bootstrap, seed)
     code_ap = np.full((n_bootstrap, y.shape[1]), np.nan)
@@ -330,12 +310,38 @@ def bootstrap_replicates(
         point_ap[cols], point_auroc[cols] = ranked.scores()
         for b in range(n_bootstrap):
             code_ap[b, cols], code_auroc[b, cols] = ranked.scores(counts[b])
-    out = {"per_code_ap": code_ap, "per_code_auroc": code_auroc}
-    out.update(_micro_replicates(y, s, m, counts))
-    out.update(_samples_replicates(y, s, m, counts))
-    out["macro_ap"] = _macro_replicates(code_ap, point_ap)
-    out["macro_auroc"] = _macro_replicates(code_auroc, point_auroc)
-    return out
+    sample_ap, sample_auroc = per_column_scores(y.T, s.T, _t(m))
+    micro, reps = _micro_replicates(y, s, m, counts)
+    reps.update(
+        per_code_ap=code_ap,
+        per_code_auroc=code_auroc,
+        samples_ap=_weighted_means(sample_ap, counts),
+        samples_auroc=_weighted_means(sample_auroc, counts),
+        macro_ap=_macro_replicates(code_ap, point_ap),
+        macro_auroc=_macro_replicates(code_auroc, point_auroc),
+    )
+    selected = np.ones(y.shape, dtype=bool) if m is None else m
+    n_codes_macro = int((~np.isnan(point_ap)).sum())
+    n_pos = int((y & selected).sum())
+    n_pairs = int(selected.sum())
+    summary = {
+        "micro_ap": micro[0],
+        "macro_ap": _nanmean(point_ap),
+        "samples_ap": _nanmean(sample_ap),
+        "micro_auroc": micro[1],
+        "macro_auroc": _nanmean(point_auroc),
+        "samples_auroc": _nanmean(sample_auroc),
+        "n_samples": int(y.shape[0]),
+        "n_codes": int(y.shape[1]),
+        "n_codes_macro": n_codes_macro,
+        "n_codes_excluded": int(y.shape[1] - n_codes_macro),
+        "n_samples_evaluable": int((~np.isnan(sample_ap)).sum()),
+        "n_pairs": n_pairs,
+        "n_positive_pairs": n_pos,
+        "label_cardinality": n_pos / y.shape[0] if y.shape[0] else np.nan,
+        "label_density": n_pos / n_pairs if n_pairs else np.nan,
+    }
+    return summary, reps
 
 
 def _macro_replicates(replicates: np.ndarray, point: np.ndarray) -> np.ndarray:
@@ -347,24 +353,25 @@ def _macro_replicates(replicates: np.ndarray, point: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(values), point[defined], values).mean(axis=1)
 
 
-def _micro_replicates(y: np.ndarray, s: np.ndarray, m: np.ndarray | None, counts: np.ndarray) -> dict[str, np.ndarray]:
+def _micro_replicates(
+    y: np.ndarray, s: np.ndarray, m: np.ndarray | None, counts: np.ndarray
+) -> tuple[tuple[float, float], dict[str, np.ndarray]]:
+    """Pooled (micro) ``(AP, AUROC)`` and their replicates ``{"micro_ap", "micro_auroc"}`` (B,) from one
+    ranking of the selected pairs, each pair weighted by its row's count."""
     rows = np.broadcast_to(np.arange(y.shape[0])[:, None], y.shape)
     yp, sp = _pooled(y, s, m)
     rows_p = rows.ravel() if m is None else rows[m]
     ranked = _Ranked.build(yp[:, None], sp[:, None], None, groups=rows_p, n_weights=y.shape[0])
+    point = tuple(float(v[0]) for v in ranked.scores())
     values = np.array([[v[0] for v in ranked.scores(c)] for c in counts]).reshape(-1, 2)
-    return {"micro_ap": values[:, 0], "micro_auroc": values[:, 1]}
+    return (point[0], point[1]), {"micro_ap": values[:, 0], "micro_auroc": values[:, 1]}
 
 
-def _samples_replicates(
-    y: np.ndarray, s: np.ndarray, m: np.ndarray | None, counts: np.ndarray
-) -> dict[str, np.ndarray]:
-    out = {}
-    for name, per_sample in zip(("samples_ap", "samples_auroc"), per_column_scores(y.T, s.T, _t(m))):
-        defined = ~np.isnan(per_sample)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out[name] = counts[:, defined] @ per_sample[defined] / counts[:, defined].sum(axis=1)
-    return out
+def _weighted_means(per_sample: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """(B,) count-weighted means of the defined per-sample values (L,) (BEHRT's per-sample average)."""
+    defined = ~np.isnan(per_sample)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(counts[:, defined] @ per_sample[defined] / counts[:, defined].sum(axis=1))
 
 
 def _t(mask: np.ndarray | None) -> np.ndarray | None:
@@ -440,8 +447,7 @@ def bootstrap_ci(
     Keys: ``micro_ap``, ``macro_ap``, ``samples_ap``, ``micro_auroc``, ``macro_auroc``, ``samples_auroc``.
     Reproducible: the same inputs and seed give the same intervals.
     """
-    reps = bootstrap_replicates(y_true, y_score, mask, n_bootstrap, seed)
-    point = summary_metrics(y_true, y_score, mask)
+    point, reps = summary_and_replicates(y_true, y_score, mask, n_bootstrap, seed)
     return {name: percentile_interval(reps[name], level, point[name]) for name in HEADLINE_METRICS}
 
 
