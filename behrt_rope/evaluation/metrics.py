@@ -298,7 +298,7 @@ def summary_and_replicates(
 ) -> tuple[dict, dict[str, np.ndarray]]:
     """``(summary_metrics(...), bootstrap_replicates(...))`` from one ranking of each kind: the scores are
     sorted once per code, once pooled and once per sample, and the point estimates and every replicate are
-    read off those rankings (sorting the pooled N x L scores dominates the cost at hundreds of codes)."""
+    read off those rankings (the pooled N x L pairs are the largest ranking at hundreds of codes)."""
     y, s, m = check_inputs(y_true, y_score, mask)
     counts = bootstrap_counts(y.shape[0], n_bootstrap, seed)
     code_ap = np.full((n_bootstrap, y.shape[1]), np.nan)
@@ -320,28 +320,40 @@ def summary_and_replicates(
         macro_ap=_macro_replicates(code_ap, point_ap),
         macro_auroc=_macro_replicates(code_auroc, point_auroc),
     )
+    summary = _summary(y, m, micro, (point_ap, point_auroc), (sample_ap, sample_auroc))
+    return summary, reps
+
+
+def _summary(
+    y: np.ndarray,
+    m: np.ndarray | None,
+    micro: tuple[float, float],
+    per_code: tuple[np.ndarray, np.ndarray],
+    per_sample: tuple[np.ndarray, np.ndarray],
+) -> dict:
+    """``summary_metrics``'s dict from the point values: micro (AP, AUROC), per-code (L,) and per-sample (N,)
+    (AP, AUROC) arrays, NaN where undefined."""
     selected = np.ones(y.shape, dtype=bool) if m is None else m
-    n_codes_macro = int((~np.isnan(point_ap)).sum())
+    n_codes_macro = int((~np.isnan(per_code[0])).sum())
     n_pos = int((y & selected).sum())
     n_pairs = int(selected.sum())
-    summary = {
+    return {
         "micro_ap": micro[0],
-        "macro_ap": _nanmean(point_ap),
-        "samples_ap": _nanmean(sample_ap),
+        "macro_ap": _nanmean(per_code[0]),
+        "samples_ap": _nanmean(per_sample[0]),
         "micro_auroc": micro[1],
-        "macro_auroc": _nanmean(point_auroc),
-        "samples_auroc": _nanmean(sample_auroc),
+        "macro_auroc": _nanmean(per_code[1]),
+        "samples_auroc": _nanmean(per_sample[1]),
         "n_samples": int(y.shape[0]),
         "n_codes": int(y.shape[1]),
         "n_codes_macro": n_codes_macro,
         "n_codes_excluded": int(y.shape[1] - n_codes_macro),
-        "n_samples_evaluable": int((~np.isnan(sample_ap)).sum()),
+        "n_samples_evaluable": int((~np.isnan(per_sample[0])).sum()),
         "n_pairs": n_pairs,
         "n_positive_pairs": n_pos,
         "label_cardinality": n_pos / y.shape[0] if y.shape[0] else np.nan,
         "label_density": n_pos / n_pairs if n_pairs else np.nan,
     }
-    return summary, reps
 
 
 def _macro_replicates(replicates: np.ndarray, point: np.ndarray) -> np.ndarray:
@@ -362,13 +374,13 @@ def _micro_replicates(
     yp, sp = _pooled(y, s, m)
     rows_p = rows.ravel() if m is None else rows[m]
     ranked = _Ranked.build(yp[:, None], sp[:, None], None, groups=rows_p, n_weights=y.shape[0])
-    point = tuple(float(v[0]) for v in ranked.scores())
+    ap, auroc = (float(v[0]) for v in ranked.scores())
     values = np.array([[v[0] for v in ranked.scores(c)] for c in counts]).reshape(-1, 2)
-    return (point[0], point[1]), {"micro_ap": values[:, 0], "micro_auroc": values[:, 1]}
+    return (ap, auroc), {"micro_ap": values[:, 0], "micro_auroc": values[:, 1]}
 
 
 def _weighted_means(per_sample: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """(B,) count-weighted means of the defined per-sample values (L,) (BEHRT's per-sample average)."""
+    """(B,) count-weighted means of the defined per-sample values (N,) (BEHRT's per-sample average)."""
     defined = ~np.isnan(per_sample)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.asarray(counts[:, defined] @ per_sample[defined] / counts[:, defined].sum(axis=1))
