@@ -51,8 +51,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from behrt_rope import config as config_lib  # noqa: E402
+from behrt_rope import schema as S  # noqa: E402
+from behrt_rope.data.sequences import load_tokens  # noqa: E402
 from behrt_rope.evaluation.ceiling import HISTORY_PARTS, format_share  # noqa: E402
 from behrt_rope.evaluation.report import REFERENCE_NAMES  # noqa: E402
+from synthetic_data.generator import SynthConfig  # noqa: E402
+from synthetic_data.record_oracle import record_oracle_table  # noqa: E402
 
 COHORTS: dict[str, list[str]] = {
     "default": ["--seed", "2024"],
@@ -252,12 +257,6 @@ def write_record_oracle(cohort: Path, etl: Path, particles: int, replicas: int) 
     """The record oracle of the held-out patients (``synthetic_data/record_oracle.py``), written beside the
     state oracle as ``cohort/oracle_record.parquet`` so that ``evaluate oracle=cohort`` measures against
     both; its CPU and wall seconds (it runs in this process, on one core)."""
-    from behrt_rope import config as config_lib
-    from behrt_rope import schema as S
-    from behrt_rope.data.sequences import load_tokens
-    from synthetic_data.generator import SynthConfig
-    from synthetic_data.record_oracle import record_oracle_table
-
     cpu, started = time.process_time(), time.perf_counter()
     cfg = config_lib.build(SynthConfig, config_lib.load_yaml(cohort / S.RESOLVED_CONFIG_FILE)["synth"])
     held = load_tokens(etl).split(S.HELD_OUT).patients[S.PATIENT_ID].astype(str).tolist()

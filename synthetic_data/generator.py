@@ -38,6 +38,8 @@ from behrt_rope.schema import BIRTH_DATE, CODE, DATE, DEATH_DATE, PATIENT_ID, SE
 
 DAYS_PER_YEAR = 365.25
 FEMALE, MALE = "F", "M"
+RECURRENCE_CODES = 64
+"""The recurrence process's default catalogue size, which its per-code base rates are set for."""
 
 
 @dataclass
@@ -70,7 +72,7 @@ class SynthConfig:
     """clinical: the disease story of README.md (hidden onsets, progression chains, pregnancy, death);
     recurrence: codes that recur, persist and trigger each other as a logistic function of the recorded
     history, with a catalogue drawn afresh from each seed (``synthetic_data/recurrence.py``)."""
-    codes: int = 64
+    codes: int = RECURRENCE_CODES
     """Distinct codes in the recurrence process's drawn catalogue, the routine code included (the clinical
     process has its own fixed catalogue and ignores this)."""
 

@@ -51,6 +51,7 @@ from synthetic_data.generator import (
     DAYS_PER_YEAR,
     GAP_SHAPE,
     RATE_SHAPE,
+    RECURRENCE_CODES,
     SynthConfig,
     _EventLog,
     _parse_day,
@@ -63,8 +64,6 @@ from synthetic_data.oracle import ORACLE_SEED_OFFSET
 KIND_SHARES = {"chronic": 0.4, "recurrent": 0.35, "background": 0.25}
 ROUTINE = "Z00.0"
 CATALOGUE_SEED_OFFSET = 104_729
-DEFAULT_CODES = 64
-"""The catalogue size the per-code base rates are set for; larger catalogues get proportionally rarer codes."""
 FRAILTY_SD = 0.3
 CHRONIC_VISIT_BOOST = 0.1
 FOLLOWUP_MIN_DAYS, FOLLOWUP_MEAN_DAYS = 7.0, 14.0
@@ -132,7 +131,7 @@ def draw_catalogue(cfg: SynthConfig) -> RecurrenceCatalogue:
     chronic, recurrent, background = kind == "chronic", kind == "recurrent", kind == "background"
 
     base = np.empty(k)
-    rarer = DEFAULT_CODES / k  # a larger catalogue splits about the same amount of illness over more codes
+    rarer = RECURRENCE_CODES / k  # a larger catalogue splits about the same amount of illness over more codes
     base[chronic] = _logit(rng.uniform(0.002, 0.012, chronic.sum()) * rarer)
     base[recurrent] = _logit(rng.uniform(0.01, 0.06, recurrent.sum()) * rarer)
     shares = rng.dirichlet(np.ones(background.sum()))  # background codes share noise_codes_per_visit
