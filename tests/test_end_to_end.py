@@ -83,6 +83,7 @@ def test_finetune_outputs_and_resume(visits_run):
     _, d = visits_run
     metrics = read_metrics(d["ft"])
     assert metrics["labels"] > 0 and metrics["train_samples"] > 0
+    assert 1 <= metrics["best_epoch"] <= metrics["epochs"]  # the growing-patience early stopping is on by default
     assert (d["ft"] / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT).exists()
     # the default model carries its fitted sparse time path: at least each label's rate, on the logit scale
     fitted = _sparse_time_buffers(d["ft"])

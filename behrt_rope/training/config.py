@@ -51,6 +51,10 @@ class TrainerConfig:
     0: off."""
     early_stopping_patience: int = 3
     """Validation checks without improvement before stopping (0: off)."""
+    early_stopping_ratio: float = 0.0
+    """Let the patience grow with the best check: stop after max(patience, ceil(ratio x checks up to the best
+    one)) checks without improvement. 1.0: stop once a run has gone twice as far as its best check. 0: the
+    patience stays fixed."""
     seed: int = 0
     """Seeds weights, masking, sampling and dropout."""
     deterministic: bool = False
@@ -68,3 +72,5 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.checkpoint_every_n_steps < 0 or self.checkpoint_every_minutes < 0:
             raise ValueError("checkpoint_every_n_steps and checkpoint_every_minutes must be >= 0")
+        if self.early_stopping_patience < 0 or self.early_stopping_ratio < 0:
+            raise ValueError("early_stopping_patience and early_stopping_ratio must be >= 0")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger
 from pytorch_lightning.strategies import DDPStrategy, Strategy
 
@@ -19,6 +19,7 @@ from behrt_rope.data.batching import BucketBatchSampler
 from behrt_rope.errors import UserError
 from behrt_rope.training.checkpoints import ExactResume, SafeCheckpointIO
 from behrt_rope.training.config import TrainerConfig
+from behrt_rope.training.early_stopping import GrowingPatienceEarlyStopping
 
 log = logging.getLogger(__name__)
 # ExactResume restores the sampler's position itself; Lightning cannot see that and warns on every resume
@@ -112,7 +113,11 @@ def build_trainer(
     if averaging is not None:
         callbacks.append(averaging)
     if monitor and cfg.early_stopping_patience > 0:
-        callbacks.append(EarlyStopping(monitor=monitor, mode=mode, patience=cfg.early_stopping_patience, strict=False))
+        callbacks.append(
+            GrowingPatienceEarlyStopping(
+                monitor=monitor, mode=mode, patience=cfg.early_stopping_patience, ratio=cfg.early_stopping_ratio
+            )
+        )
     devices: int | str = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
     precision = resolve_precision(cfg)
     log.info(
