@@ -187,7 +187,7 @@ def test_etl_help_lists_its_config_keys(capsys: pytest.CaptureFixture[str]) -> N
         "--format",
         "--config",
         "etl.code_truncate = None",
-        "etl.max_seq_len = 256",
+        "etl.max_seq_len = 512",
         "etl.shards = 1",
         "etl.split.salt = 'behrt-rope'",
     ):
