@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,15 +40,11 @@ def tuning_curve(run: Path) -> np.ndarray:
 
 
 def replay(curve: np.ndarray, patience: int, ratio: float) -> dict[str, float | int]:
-    """Epochs a run with this rule takes on ``curve`` and the best tuning macro AP it keeps."""
+    """Epochs a run with this rule takes on ``curve`` and the best tuning macro AP it keeps (the callback
+    fine-tuning uses, fed the logged values one check at a time)."""
     rule = GrowingPatienceEarlyStopping(monitor=METRIC, mode="max", patience=patience, ratio=ratio)
-    best, best_epoch = -np.inf, 0
-    for epoch, value in enumerate(curve, start=1):
-        if value > best:
-            best, best_epoch = float(value), epoch
-        elif epoch - best_epoch >= rule.patience_after(best_epoch):
-            return {"epochs": epoch, "best_ap": round(best, 5)}
-    return {"epochs": len(curve), "best_ap": round(best, 5)}
+    epochs = next((epoch for epoch, value in enumerate(curve, start=1) if rule.check(value)), len(curve))
+    return {"epochs": epochs, "best_ap": round(float(curve[:epochs].max()), 5)}
 
 
 def main() -> None:
@@ -56,7 +53,7 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=5)
     parser.add_argument("--ratio", type=float, default=1.0)
     args = parser.parse_args()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for run in args.runs:
         curve = tuning_curve(run)
         rows.append(

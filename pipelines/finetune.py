@@ -89,7 +89,7 @@ class Config:
     """Fine-tuning defaults: up to 20 epochs at a peak learning rate of 3e-3, and the checkpoint with the best
     tuning macro AP. A run stops once it has gone twice as far as its best epoch and at least 5 epochs past
     it: on every default run we have the tuning curve of, that rule keeps the same best epoch as 20 epochs,
-    and saves up to 60% of the time where the curve peaks early (large label spaces, short histories); a fixed
+    and saves about half the time where the curve peaks early (large label spaces, short histories); a fixed
     patience fired on noise on small tuning splits (docs/benchmarks.md "Quality", fifteenth round)."""
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
 from pytorch_lightning.callbacks import EarlyStopping
 from torch import Tensor
 
@@ -42,6 +43,10 @@ class GrowingPatienceEarlyStopping(EarlyStopping):
     def patience_after(self, best_check: int) -> int:
         """Checks without improvement allowed when the best value came at check ``best_check`` (1-based)."""
         return max(self.min_patience, math.ceil(self.ratio * best_check))
+
+    def check(self, value: float) -> bool:
+        """One validation check outside a Trainer (e.g. replaying a logged curve): True when the run would stop."""
+        return self._evaluate_stopping_criteria(torch.as_tensor(float(value)))[0]
 
     def _evaluate_stopping_criteria(self, current: Tensor) -> tuple[bool, str | None]:
         self.checks += 1
