@@ -134,6 +134,7 @@ VISIT_INDEX: Final = "visit_index"  # list<int16>: 0-based visit number after tr
 VISIT_DATES: Final = "visit_dates"  # list<timestamp[us]>: the visit's time (earliest event in it)
 N_VISITS: Final = "n_visits"
 N_TOKENS: Final = "n_tokens"
+N_THINNED_VISITS: Final = "n_thinned_visits"  # int32: the stream's first visits that hold only first records
 LAST_EVENT_TIME: Final = "last_event_time"
 SEX_VALUES: Final = ("unknown", "female", "male", "other")
 """SEX in the token dataset: one of these (behrt_rope/etl/sex.py); the model reads its position as an id."""
@@ -146,6 +147,7 @@ TOKENS: Final = pa.schema(
         (DEATH_DATE, pa.timestamp("us")),
         (N_VISITS, pa.int32()),
         (N_TOKENS, pa.int32()),
+        (N_THINNED_VISITS, pa.int32()),
         (LAST_EVENT_TIME, pa.timestamp("us")),
         (SEX, pa.string()),
         (TOKEN_IDS, pa.list_(pa.int32())),

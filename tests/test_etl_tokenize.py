@@ -10,6 +10,8 @@ import pytest
 from conftest import ALL_TRAIN, EtlOutput
 
 from behrt_rope import schema as S
+from behrt_rope.data.labels import TaskConfig, build_samples
+from behrt_rope.data.sequences import load_tokens
 from behrt_rope.etl.clean import clean
 from behrt_rope.etl.codes import fit_vocabulary, normalise_code, token_categorical, tokens_of
 from behrt_rope.etl.config import EtlConfig
@@ -161,9 +163,63 @@ def test_truncation_drops_whole_oldest_visits(etl_run: Run) -> None:
         "patients_truncated": 1,
         "visits_dropped": 1,
         "events_dropped": 2,
+        "visits_thinned_to_first_records": 0,
     }
     assert out.manifest["events_used"]["dropped_by_max_seq_len"] == 2
     assert out.manifest["events_used"]["reconciles"]
+
+
+THINNING_EVENTS = [
+    ev("2010-01-01", "A01"),
+    ev("2010-01-01", "B01"),  # visit 0: A01 and B01 first recorded
+    ev("2011-01-01", "A01"),
+    ev("2011-01-01", "C01"),  # visit 1: C01 first recorded
+    ev("2012-01-01", "A01"),  # visit 2: nothing new
+    ev("2013-01-01", "A01"),
+    ev("2013-01-01", "D01"),  # visit 3
+    ev("2014-01-01", "E01"),  # visit 4
+]
+
+
+def test_first_records_thin_older_visits_instead_of_dropping_them(etl_run: Run) -> None:
+    # 14 tokens whole. At 12, dropping keeps visits 1-4 (11 tokens). Thinning keeps visits 3-4 whole (5 tokens)
+    # beside visits 0-1 as their first records (A01 B01 [SEP] C01 [SEP], 5 of at most 6); visit 2 has none.
+    dropped = etl_run(P1, THINNING_EVENTS, max_seq_len=12, split=ALL_TRAIN)
+    newest = ["A01", "D01", "[SEP]", "E01", "[SEP]"]  # visits 3 and 4
+    assert dropped.token_strings("p1") == ["[CLS]", "A01", "C01", "[SEP]", "A01", "[SEP]", *newest]
+    out = etl_run(P1, THINNING_EVENTS, max_seq_len=12, keep_first_records=True, split=ALL_TRAIN)
+    assert out.token_strings("p1") == ["[CLS]", "A01", "B01", "[SEP]", "C01", "[SEP]", *newest]
+    row = _row(out)
+    assert row[S.N_THINNED_VISITS] == 2 and _row(dropped)[S.N_THINNED_VISITS] == 0
+    assert row[S.VISIT_INDEX].tolist() == [0, 0, 0, 0, 1, 1, 2, 2, 2, 3, 3]
+    assert row[S.AGES][4] == np.float32(4018 / DAYS_PER_YEAR)  # C01 keeps its own visit's age (2011-01-01)
+    assert out.manifest["truncation"] == {
+        "max_seq_len": 12,
+        "patients_truncated": 1,
+        "visits_dropped": 1,
+        "events_dropped": 2,  # A01 at visits 1 and 2: recorded before, so not a first record
+        "visits_thinned_to_first_records": 2,
+    }
+    assert out.manifest["events_used"]["reconciles"]
+
+
+def test_first_records_fall_back_to_dropping_when_they_do_not_fit(etl_run: Run) -> None:
+    # At 9 the thinned older visits would need more than half the stream: the newest visits only, as without
+    out = etl_run(P1, THINNING_EVENTS, max_seq_len=9, keep_first_records=True, split=ALL_TRAIN)
+    assert out.token_strings("p1") == ["[CLS]", "A01", "[SEP]", "A01", "D01", "[SEP]", "E01", "[SEP]"]
+    assert out.manifest["truncation"]["visits_thinned_to_first_records"] == 0
+    assert _row(out)[S.N_THINNED_VISITS] == 0
+
+
+def test_no_label_comes_from_a_thinned_visit(etl_run: Run) -> None:
+    out = etl_run(P1, THINNING_EVENTS, max_seq_len=12, keep_first_records=True, split=ALL_TRAIN)
+    seqs = load_tokens(out.out)
+    samples = build_samples(seqs, TaskConfig())
+    # visit 1 (thinned) may be a prediction time, since visit 2 (the first whole one) follows; visit 0 may not
+    assert samples.cuts.tolist() == [6, 9]
+    names = out.vocab.set_index("token_id")["token"]
+    spans = [seqs.token_ids[a:b] for a, b in samples.label_spans]
+    assert [[names[i] for i in span] for span in spans] == [["A01", "D01"], ["E01"]]
 
 
 def test_truncation_never_splits_a_visit(etl_run: Run) -> None:

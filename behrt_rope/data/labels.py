@@ -11,6 +11,10 @@ of label-vocabulary codes recorded
   sample has no label (it is dropped, never counted as negative). A patient who died inside the window is
   therefore dropped too: the follow-up ended before the horizon.
 
+Where the ETL thinned a long history's oldest visits to their codes' first records (``etl.keep_first_records``),
+those visits are history only: a prediction time is eligible only if every later visit is whole, so no label
+comes from a thinned visit.
+
 Samples are taken at every eligible visit (``every_visit``) or at one random eligible visit per patient
 (``random_visit``, as BEHRT did). Splits never mix: samples are built from one split's patients at a time.
 """
@@ -99,7 +103,10 @@ def build_samples(seqs: Sequences, task: TaskConfig) -> Samples:
     n = len(visits)
     has_next = np.zeros(n, dtype=bool)
     has_next[:-1] = patient[1:] == patient[:-1]
-    eligible = has_next & (visits["k"].to_numpy() + 1 >= task.min_history_visits)
+    k = visits["k"].to_numpy()
+    # the visits after a prediction time must be whole: a thinned visit holds only its first records
+    whole_after = k + 1 >= seqs.thinned_visits[patient]
+    eligible = has_next & (k + 1 >= task.min_history_visits) & whole_after
     if task.name == "next_visit":
         last = np.minimum(np.arange(n) + 1, n - 1)
     else:

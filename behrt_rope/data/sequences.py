@@ -23,7 +23,8 @@ from behrt_rope.etl.sex import UNKNOWN, sex_ids
 class Sequences:
     """Token streams of some patients. Flat arrays have one entry per token."""
 
-    patients: pd.DataFrame  # PATIENT_ID, SPLIT, BIRTH_DATE, DEATH_DATE, N_VISITS, N_TOKENS, LAST_EVENT_TIME, SEX
+    patients: pd.DataFrame  # PATIENT_ID, SPLIT, BIRTH_DATE, DEATH_DATE, N_VISITS, N_TOKENS, LAST_EVENT_TIME, SEX,
+    # N_THINNED_VISITS
     offsets: np.ndarray  # (N + 1,) int64
     token_ids: np.ndarray  # (M,) int64
     ages: np.ndarray  # (M,) float32, years
@@ -42,6 +43,13 @@ class Sequences:
 
     def __len__(self) -> int:
         return len(self.patients)
+
+    @property
+    def thinned_visits(self) -> np.ndarray:
+        """Per patient, how many of the stream's first visits hold only their codes' first records, (N,)."""
+        if S.N_THINNED_VISITS not in self.patients.columns:
+            return np.zeros(len(self.patients), dtype=np.int64)
+        return self.patients[S.N_THINNED_VISITS].to_numpy().astype(np.int64)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -93,6 +101,9 @@ def from_table(table: pa.Table) -> Sequences:
     # token datasets written before sex was read have no SEX column: every patient is 'unknown'
     sex = table.column(S.SEX).to_numpy(zero_copy_only=False) if S.SEX in table.column_names else None
     patients[S.SEX] = np.full(len(patients), UNKNOWN, dtype=object) if sex is None else sex.astype(object)
+    # ... and those written before older visits could be thinned have none thinned
+    thinned = table.column(S.N_THINNED_VISITS).to_numpy() if S.N_THINNED_VISITS in table.column_names else 0
+    patients[S.N_THINNED_VISITS] = np.zeros(len(patients), dtype=np.int32) + thinned
     lengths = table.column(S.N_TOKENS).to_numpy().astype(np.int64)
 
     def flat(name: str, dtype: str) -> np.ndarray:
@@ -126,9 +137,10 @@ def load_tokens(etl_dir: str | Path) -> Sequences:
 
 
 def _read_part(path: Path) -> pa.Table:
-    """One token file with the ``S.TOKENS`` types; a file from before the SEX column is read without it."""
+    """One token file with the ``S.TOKENS`` types; a file from before the SEX or N_THINNED_VISITS column is read
+    without it."""
     names = set(pq.read_schema(path).names)
-    schema = S.TOKENS if S.SEX in names else S.TOKENS.remove(S.TOKENS.get_field_index(S.SEX))
+    schema = pa.schema([f for f in S.TOKENS if f.name in names or f.name not in (S.SEX, S.N_THINNED_VISITS)])
     return pq.read_table(path, schema=schema)
 
 

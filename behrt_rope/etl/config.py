@@ -86,6 +86,11 @@ class EtlConfig:
     BEHRT's 256: at 256 the heaviest users (3-4% of patients, 11-14% of the next-visit samples on our cohorts)
     lost the start of their history, which carries when a code was first recorded and how often
     (docs/benchmarks.md, "Fifteenth round")."""
+    keep_first_records: bool = False
+    """When a history is longer than ``max_seq_len``, the older visits that do not fit keep the codes recorded
+    there for the first time (at most half the stream; a visit with none is dropped) instead of being dropped
+    whole, so the stream still shows every code the patient has had and when it was first recorded. False:
+    drop whole oldest visits (BEHRT)."""
     max_invalid_fraction: float = 0.5
     """If more than this share of a date column fails to parse, stop: the column has the wrong format."""
     shards: int = 1

@@ -64,7 +64,14 @@ def process_shard(raw: RawTables, config: EtlConfig) -> ShardResult:
     cleaned = clean(raw.patients, raw.events)
     codes = cleaned.codes if cleaned.codes is not None else EventCodes.of(cleaned.events)
     tokens = token_codes(codes.code, codes.code_uniques, codes.system, codes.system_uniques, config)
-    structured = structure(cleaned.events, tokens, cleaned.patients, config.max_seq_len, codes=codes)
+    structured = structure(
+        cleaned.events,
+        tokens,
+        cleaned.patients,
+        config.max_seq_len,
+        codes=codes,
+        keep_first_records=config.keep_first_records,
+    )
     quarantine = cleaned.quarantine
     if structured.too_long.any():
         too_long = np.where(structured.too_long, S.Reason.VISIT_TOO_LONG, "").astype(object)
@@ -213,6 +220,7 @@ def _spill(result: ShardResult, folder: Path) -> None:
         s.truncated_visits,
         s.truncated_patients,
         np.zeros(0, dtype=bool),
+        s.thinned_visits,
     )
     _write_quarantine(result.quarantine, folder / S.QUARANTINE_FILE)
     result.quarantine = result.quarantine.iloc[:0]
@@ -290,6 +298,7 @@ def build_manifest(
             "patients_truncated": sum(r.structured.truncated_patients for r in results),
             "visits_dropped": sum(r.structured.truncated_visits for r in results),
             "events_dropped": sum(r.structured.truncated_events for r in results),
+            "visits_thinned_to_first_records": sum(r.structured.thinned_visits for r in results),
         },
         "patients": {
             "with_tokens": len(lengths),

@@ -1,7 +1,8 @@
 """Visits and token streams, vectorised: no Python loop over patients.
 
-``structure`` groups usable events into visits, merges repeated codes inside a visit and drops whole oldest
-visits to fit ``max_seq_len``. ``to_token_table`` lays each patient out as
+``structure`` groups usable events into visits, merges repeated codes inside a visit and keeps the newest
+visits that fit ``max_seq_len``, dropping the older ones or thinning them to their codes' first records.
+``to_token_table`` lays each patient out as
 ``[CLS] visit-1 codes [SEP] visit-2 codes [SEP] ...`` with per-token age, segment, visit index and date.
 """
 
@@ -39,6 +40,7 @@ class Structured:
     truncated_visits: int
     truncated_patients: int
     too_long: np.ndarray  # bool per usable event: its patient's latest visit alone exceeds max_seq_len
+    thinned_visits: int = 0  # older visits kept as their codes' first records only
 
 
 def visit_keys(patient: np.ndarray, visit_id: np.ndarray, time: np.ndarray) -> np.ndarray:
@@ -117,11 +119,14 @@ def structure(
     max_seq_len: int,
     *,
     codes: EventCodes | None = None,
+    keep_first_records: bool = False,
 ) -> Structured:
     """Group usable events (with their token strings) into ordered, merged, length-limited visits.
 
     ``tokens``: one token per event, as strings or as a categorical (:func:`~behrt_rope.etl.codes.token_codes`).
     ``codes``: the events' integer codes when the caller has them already (``Cleaned.codes``).
+    ``keep_first_records``: a history too long for ``max_seq_len`` keeps its older visits thinned to the codes
+    first recorded there (:func:`_thin_older`) instead of losing them whole.
     """
     codes = codes if codes is not None else EventCodes.of(events)
     tokens = tokens if isinstance(tokens, pd.Categorical) else pd.Categorical(np.asarray(tokens, dtype=object))
@@ -139,18 +144,26 @@ def structure(
     pair_visit, pair_token = pairs // n_tok, pairs % n_tok
     n_codes = np.bincount(pair_visit, minlength=n_visits)
 
-    # Visit order: by time, ties broken by visit id then day (never by row order); then keep the newest
-    # visits whose codes, [SEP]s and the [CLS] fit in max_seq_len.
+    # Visit order: by time, ties broken by visit id then day (never by row order); then the newest visits
+    # that fit in max_seq_len, with the older ones thinned to their codes' first records or dropped.
     order = _visit_order(vp, vt, vv, vd, codes.visit_uniques)
     sp = vp[order]
-    cost = n_codes[order] + 1  # the codes and the [SEP] closing the visit
     starts = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1]]) if n_visits else np.zeros(0, dtype=np.int64)
     ends = np.r_[starts[1:], n_visits][: len(starts)] - 1
     is_start = np.zeros(n_visits, dtype=bool)
     is_start[starts] = True
     g = np.cumsum(is_start) - 1  # patient group of each ordered visit
-    csum = np.cumsum(cost)
-    keep = csum[ends][g] - csum + cost + 1 <= max_seq_len
+    whole = _tokens_from(n_codes[order], ends, g) + 1 <= max_seq_len  # the newest visits that fit
+    pair_kept = None  # every pair of a kept visit is kept, unless older visits are thinned
+    thinned = np.zeros(n_visits, dtype=bool)
+    if keep_first_records and not whole.all():
+        first = _first_records(pair_visit, pair_token, vp, order, sp[starts[~whole[starts]]])
+        n_first = np.bincount(pair_visit[first], minlength=n_visits)[order]
+        whole, thinned = _thin_older(n_codes[order], n_first, starts, ends, g, max_seq_len)
+        visit_thinned = np.zeros(n_visits, dtype=bool)
+        visit_thinned[order[thinned]] = True
+        pair_kept = ~visit_thinned[pair_visit] | first
+    keep = whole | thinned
     n_kept = np.add.reduceat(keep.astype(np.int64), starts) if n_visits else np.zeros(0, dtype=np.int64)
     kept_any = n_kept > 0
     too_long_patient = np.zeros(len(pid_uniques), dtype=bool)
@@ -159,7 +172,8 @@ def structure(
     kept = order[keep]  # visit numbers in output order
     visit_kept = np.zeros(n_visits, dtype=bool)
     visit_kept[kept] = True
-    visit_index = np.flatnonzero(keep) - (ends + 1 - n_kept)[g[keep]]
+    kept_so_far = np.cumsum(keep)
+    visit_index = (kept_so_far - 1 - (kept_so_far - keep)[starts][g])[keep]
 
     patient_codes = sp[starts[kept_any]]  # ascending: the output is sorted by patient id
     remap = np.full(len(pid_uniques), -1)
@@ -174,14 +188,21 @@ def structure(
             S.DEATH_DATE: patients[S.DEATH_DATE].to_numpy("datetime64[us]")[p_index],
             S.LAST_EVENT_TIME: last_time[patient_codes].view("datetime64[us]"),
             S.SEX: _sex_column(patients)[p_index],
+            S.N_THINNED_VISITS: np.bincount(g[thinned], minlength=len(starts))[kept_any].astype(np.int32),
         }
     )
-    # the kept visits' codes in output order: each visit's run of (sorted) pairs, moved as a block
-    run_length = n_codes[kept]
-    run_start = (np.cumsum(n_codes) - n_codes)[kept]
+    # the kept visits' codes in output order: each visit's run of (sorted) kept pairs, moved as a block
+    kept_pairs = np.arange(len(pairs)) if pair_kept is None else np.flatnonzero(pair_kept)
+    n_kept_codes = np.bincount(pair_visit[kept_pairs], minlength=n_visits)
+    run_length = n_kept_codes[kept]
+    run_start = (np.cumsum(n_kept_codes) - n_kept_codes)[kept]
     n_out = int(run_length.sum())
-    take = np.repeat(run_start - (np.cumsum(run_length) - run_length), run_length) + np.arange(n_out)
-    event_kept = visit_kept[visit]
+    take = kept_pairs[np.repeat(run_start - (np.cumsum(run_length) - run_length), run_length) + np.arange(n_out)]
+    if pair_kept is None:
+        event_kept = visit_kept[visit]
+    else:
+        event_pair = np.searchsorted(pairs, visit * n_tok + tokens.codes.astype(np.int64))
+        event_kept = pair_kept[event_pair] & visit_kept[visit]
     dropped = ~keep & kept_any[g]
     return Structured(
         patients=out_patients,
@@ -201,9 +222,58 @@ def structure(
         merged_in_visit=int(event_kept.sum()) - n_out,
         truncated_events=int((~event_kept & ~too_long_patient[pid]).sum()),
         truncated_visits=int(dropped.sum()),
-        truncated_patients=int(((n_kept < ends - starts + 1) & kept_any).sum()),
+        truncated_patients=int(((np.add.reduceat(whole.astype(np.int64), starts) <= ends - starts) & kept_any).sum())
+        if n_visits
+        else 0,
         too_long=too_long_patient[pid],
+        thinned_visits=int(thinned.sum()),
     )
+
+
+def _tokens_from(n_codes: np.ndarray, ends: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Per visit in output order (``n_codes`` codes each, patient group ``g`` whose last visit is ``ends[g]``):
+    the tokens of this visit and every later one of its patient, each visit's codes and closing [SEP]."""
+    cost = n_codes + 1
+    csum = np.cumsum(cost)
+    return csum[ends][g] - csum + cost
+
+
+def _first_records(
+    pair_visit: np.ndarray, pair_token: np.ndarray, visit_patient: np.ndarray, order: np.ndarray, patients: np.ndarray
+) -> np.ndarray:
+    """True for each distinct (visit, token) pair, of the patients in ``patients`` only, that is its token's
+    first record in the patient's history (visits in ``order``, the output order)."""
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    candidates = np.flatnonzero(np.isin(visit_patient[pair_visit], patients))
+    patient, token = visit_patient[pair_visit[candidates]], pair_token[candidates]
+    by_code = np.lexsort((rank[pair_visit[candidates]], token, patient))
+    p, t = patient[by_code], token[by_code]
+    first = np.zeros(len(pair_visit), dtype=bool)
+    first[candidates[by_code]] = np.r_[True, (p[1:] != p[:-1]) | (t[1:] != t[:-1])][: len(by_code)]
+    return first
+
+
+def _thin_older(
+    n_codes: np.ndarray, n_first: np.ndarray, starts: np.ndarray, ends: np.ndarray, g: np.ndarray, max_len: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per visit in output order: (kept whole, kept as its codes' first records only).
+
+    A patient keeps as many of their newest visits whole as fit beside every older visit thinned to the codes
+    first recorded there (``n_first`` per visit; an older visit with none is dropped), the thinned part taking
+    at most half of ``max_len`` tokens. Where that fits nowhere, the patient keeps only the newest visits that
+    fit, as without thinning.
+    """
+    position = np.arange(len(n_codes))
+    after = _tokens_from(n_codes, ends, g)
+    thin_cost = n_first + (n_first > 0)
+    before = np.cumsum(thin_cost) - thin_cost
+    before = before - before[starts][g]  # tokens of the patient's earlier visits, thinned
+    fits = (after + before + 1 <= max_len) & (before <= max_len // 2)
+    cut = np.minimum.reduceat(np.where(fits, position, len(position)), starts)  # first visit kept whole
+    thins = cut <= ends  # patients for whom thinning fits
+    whole = np.where(thins[g], position >= cut[g], after + 1 <= max_len)
+    return whole, thins[g] & (position < cut[g]) & (n_first > 0)
 
 
 def to_token_table(structured: Structured, vocabulary: pd.DataFrame, splits: np.ndarray) -> pa.Table:
@@ -262,6 +332,7 @@ def to_token_table(structured: Structured, vocabulary: pd.DataFrame, splits: np.
         S.DEATH_DATE: pa.array(patients[S.DEATH_DATE].to_numpy("datetime64[us]"), pa.timestamp("us")),
         S.N_VISITS: pa.array(np.bincount(visit_patient, minlength=n_patients).astype(np.int32)),
         S.N_TOKENS: pa.array(lengths.astype(np.int32)),
+        S.N_THINNED_VISITS: pa.array(_thinned_column(patients), pa.int32()),
         S.LAST_EVENT_TIME: pa.array(patients[S.LAST_EVENT_TIME].to_numpy("datetime64[us]"), pa.timestamp("us")),
         S.SEX: pa.array(_sex_column(patients), pa.string()),
         S.TOKEN_IDS: lists(row_token, pa.int32()),
@@ -271,6 +342,13 @@ def to_token_table(structured: Structured, vocabulary: pd.DataFrame, splits: np.
         S.VISIT_DATES: lists(visit_time[row_visit], pa.timestamp("us")),
     }
     return pa.table(columns, schema=S.TOKENS)
+
+
+def _thinned_column(patients: pd.DataFrame) -> np.ndarray:
+    """The patients' numbers of thinned visits (0 for all when the frame has no such column), int32."""
+    if S.N_THINNED_VISITS not in patients.columns:
+        return np.zeros(len(patients), dtype=np.int32)
+    return patients[S.N_THINNED_VISITS].to_numpy().astype(np.int32)
 
 
 def _sex_column(patients: pd.DataFrame) -> np.ndarray:
