@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from conftest import ALL_TRAIN, EtlOutput
 
@@ -220,6 +221,15 @@ def test_no_label_comes_from_a_thinned_visit(etl_run: Run) -> None:
     names = out.vocab.set_index("token_id")["token"]
     spans = [seqs.token_ids[a:b] for a, b in samples.label_spans]
     assert [[names[i] for i in span] for span in spans] == [["A01", "D01"], ["E01"]]
+
+
+def test_token_files_from_before_thinning_load_with_none_thinned(etl_run: Run) -> None:
+    out = etl_run(P1, THINNING_EVENTS, max_seq_len=12, keep_first_records=True, split=ALL_TRAIN)
+    part = next((out.out / S.TOKENS_DIR).glob("*.parquet"))
+    pq.write_table(pq.read_table(part).drop_columns([S.N_THINNED_VISITS]), part)
+    seqs = load_tokens(out.out)
+    assert seqs.thinned_visits.tolist() == [0]
+    assert len(build_samples(seqs, TaskConfig())) == 3  # read as whole visits: a prediction time at each but the last
 
 
 def test_truncation_never_splits_a_visit(etl_run: Run) -> None:
