@@ -34,6 +34,8 @@ The cohorts differ in structure, and their seeds are ones the defaults were neve
   oracle uses only the record, at the default density and with short, sparse histories.
 * ``recurrence_300_codes``: the same family with a catalogue of 300 codes instead of 64 (each rarer): about
   three times as many labels, most of them with few positives.
+* ``recurrence_long_dense``: the same family over a 17-year window at twice the visit rate: about 270 tokens
+  per patient, and a quarter of the histories longer than ``etl.max_seq_len`` (512).
 """
 
 from __future__ import annotations
@@ -85,6 +87,13 @@ COHORTS: dict[str, list[str]] = {
         "synth.noise_codes_per_visit=1.2",
     ],
     "recurrence_300_codes": ["--seed", "3041", "synth.process=recurrence", "synth.codes=300"],
+    "recurrence_long_dense": [
+        "--seed",
+        "3051",
+        "synth.process=recurrence",
+        "synth.start=2004-01-01",
+        "synth.visit_rate=1.1",
+    ],
 }
 PREDICTORS = ("model", *REFERENCE_NAMES, "oracle")
 

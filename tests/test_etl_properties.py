@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,9 +157,14 @@ def test_every_input_row_is_accounted_for(patients: list, events: list) -> None:
 
 
 @PROPERTY
-@given(patients=patient_rows, events=event_rows, max_seq_len=st.sampled_from([3, 5, 8, 256]))
-def test_streams_are_well_formed(patients: list, events: list, max_seq_len: int) -> None:
-    out = _run(*_frames(patients, events), max_seq_len=max_seq_len)
+@given(
+    patients=patient_rows,
+    events=event_rows,
+    max_seq_len=st.sampled_from([3, 5, 8, 256]),
+    first_records=st.booleans(),
+)
+def test_streams_are_well_formed(patients: list, events: list, max_seq_len: int, first_records: bool) -> None:
+    out = _run(*_frames(patients, events), max_seq_len=max_seq_len, keep_first_records=first_records)
     for row in out.tokens.itertuples(index=False):
         ids, vindex = np.asarray(row.token_ids), np.asarray(row.visit_index)
         dates = np.asarray(row.visit_dates, dtype="datetime64[us]")
@@ -190,11 +196,11 @@ def test_streams_are_well_formed(patients: list, events: list, max_seq_len: int)
 
 
 @PROPERTY
-@given(patients=patient_rows, events=event_rows, max_seq_len=st.sampled_from([5, 256]))
-def test_shards_give_the_same_dataset(patients: list, events: list, max_seq_len: int) -> None:
+@given(patients=patient_rows, events=event_rows, max_seq_len=st.sampled_from([5, 12, 256]), first_records=st.booleans())
+def test_shards_give_the_same_dataset(patients: list, events: list, max_seq_len: int, first_records: bool) -> None:
     p, e = _frames(patients, events)
-    one = _run(p, e, max_seq_len=max_seq_len)
-    three = _run(p, e, max_seq_len=max_seq_len, shards=3)
+    one = _run(p, e, max_seq_len=max_seq_len, keep_first_records=first_records)
+    three = _run(p, e, max_seq_len=max_seq_len, shards=3, keep_first_records=first_records)
     assert one.table.equals(three.table)
     assert one.vocab.equals(three.vocab)
     assert one.quarantine.equals(three.quarantine)
@@ -228,7 +234,12 @@ def test_split_depends_on_the_id_alone(ids: list[str], others: list[str], data: 
 # Parity with a slow, obvious reference
 # ---------------------------------------------------------------------------------------------------------
 def reference_streams(
-    patients: pd.DataFrame, events: pd.DataFrame, out: EtlOutput, max_seq_len: int, truncate: int
+    patients: pd.DataFrame,
+    events: pd.DataFrame,
+    out: EtlOutput,
+    max_seq_len: int,
+    truncate: int,
+    first_records: bool = False,
 ) -> dict[str, tuple[list[int], list[float]]]:
     """Token ids and ages per patient, computed row by row in plain Python from the rows the ETL kept.
 
@@ -259,11 +270,14 @@ def reference_streams(
     streams = {}
     for pid, by_key in visits.items():
         ordered = sorted(by_key.items(), key=lambda kv: (kv[1]["time"], kv[0][0], kv[0][1], kv[0][2]))
-        laid = []
-        for _, v in ordered:
-            ids = sorted(vocab[t] if t in vocab and vocab[t] >= S.N_SPECIAL else S.UNK_ID for t in v["tokens"])
-            age = (v["time"].normalize() - births[pid]).days / 365.25
-            laid.append((ids, age))
+
+        def ids_of(tokens: set[str]) -> list[int]:
+            return sorted(vocab[t] if t in vocab and vocab[t] >= S.N_SPECIAL else S.UNK_ID for t in tokens)
+
+        ages = [(v["time"].normalize() - births[pid]).days / 365.25 for _, v in ordered]
+        laid = [(ids_of(v["tokens"]), age) for (_, v), age in zip(ordered, ages)]
+        if first_records and 1 + sum(len(ids) + 1 for ids, _ in laid) > max_seq_len:
+            laid = _thinned(laid, [v["tokens"] for _, v in ordered], ages, ids_of, max_seq_len)
         while laid and 1 + sum(len(ids) + 1 for ids, _ in laid) > max_seq_len:
             laid.pop(0)
         if laid:
@@ -273,12 +287,39 @@ def reference_streams(
     return streams
 
 
+def _thinned(
+    laid: list[tuple[list[int], float]],
+    tokens: list[set[str]],
+    ages: list[float],
+    ids_of: Callable[[set[str]], list[int]],
+    max_seq_len: int,
+) -> list[tuple[list[int], float]]:
+    """The first cut whose older visits, thinned to their first records, fit beside the newer ones whole
+    (taking at most half the stream); unchanged where none does."""
+    for cut in range(1, len(laid)):
+        seen: set[str] = set()
+        thinned = []
+        for visit, age in zip(tokens[:cut], ages):
+            if visit - seen:
+                thinned.append((ids_of(visit - seen), age))
+            seen |= visit
+        before = sum(len(ids) + 1 for ids, _ in thinned)
+        if 1 + before + sum(len(ids) + 1 for ids, _ in laid[cut:]) <= max_seq_len and before <= max_seq_len // 2:
+            return thinned + laid[cut:]
+    return laid
+
+
 @PROPERTY
-@given(patients=patient_rows, events=event_rows, max_seq_len=st.sampled_from([4, 7, 256]))
-def test_token_streams_match_the_reference(patients: list, events: list, max_seq_len: int) -> None:
+@given(
+    patients=patient_rows,
+    events=event_rows,
+    max_seq_len=st.sampled_from([4, 7, 12, 256]),
+    first_records=st.booleans(),
+)
+def test_token_streams_match_the_reference(patients: list, events: list, max_seq_len: int, first_records: bool) -> None:
     p, e = _frames(patients, events)
-    out = _run(p, e, max_seq_len=max_seq_len)
-    expected = reference_streams(p.fillna(""), e.fillna(""), out, max_seq_len, truncate=3)
+    out = _run(p, e, max_seq_len=max_seq_len, keep_first_records=first_records)
+    expected = reference_streams(p.fillna(""), e.fillna(""), out, max_seq_len, 3, first_records)
     got = {
         row.patient_id: (np.asarray(row.token_ids).tolist(), np.asarray(row.ages))
         for row in out.tokens.itertuples(index=False)
@@ -287,6 +328,35 @@ def test_token_streams_match_the_reference(patients: list, events: list, max_seq
     for pid, (tokens, ages) in expected.items():
         assert got[pid][0] == tokens
         np.testing.assert_array_equal(got[pid][1], np.asarray(ages, dtype=np.float32))
+
+
+long_histories = st.lists(
+    st.fixed_dictionaries(
+        {
+            "patient_id": st.sampled_from(["a", "b"]),
+            "date": st.integers(0, 24).map(lambda m: f"{2000 + m // 12}-{m % 12 + 1:02d}-01"),
+            "code": st.sampled_from(["A01", "B01", "C01", "D01", "E01", "F01", "G01"]),
+            "visit_id": st.just(""),
+            "code_system": st.just(""),
+        }
+    ),
+    min_size=5,
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=long_histories, max_seq_len=st.integers(6, 30))
+def test_thinned_streams_match_the_reference(events: list, max_seq_len: int) -> None:
+    """Clean, long histories over a few codes: thinning is what the reference does, visit by visit."""
+    p = pd.DataFrame({"patient_id": ["a", "b"], "birth_date": ["1990-01-01"] * 2, "death_date": [""] * 2})
+    e = pd.DataFrame(events, columns=E_COLUMNS)
+    out = _run(p, e, max_seq_len=max_seq_len, keep_first_records=True)
+    expected = reference_streams(p, e, out, max_seq_len, 3, first_records=True)
+    got = {row.patient_id: np.asarray(row.token_ids).tolist() for row in out.tokens.itertuples(index=False)}
+    assert got == {pid: tokens for pid, (tokens, _) in expected.items()}
+    thinned = {row.patient_id: row.n_thinned_visits for row in out.tokens.itertuples(index=False)}
+    assert out.manifest["truncation"]["visits_thinned_to_first_records"] == sum(thinned.values())
 
 
 def test_reference_helper_sees_a_real_cohort() -> None:
