@@ -216,11 +216,13 @@ def test_no_label_comes_from_a_thinned_visit(etl_run: Run) -> None:
     out = etl_run(P1, THINNING_EVENTS, max_seq_len=12, keep_first_records=True, split=ALL_TRAIN)
     seqs = load_tokens(out.out)
     samples = build_samples(seqs, TaskConfig())
-    # visit 1 (thinned) may be a prediction time, since visit 2 (the first whole one) follows; visit 0 may not
-    assert samples.cuts.tolist() == [6, 9]
+    # the thinned visits are history only: the one prediction time is the first whole visit (A01 D01)
+    assert samples.cuts.tolist() == [9]
     names = out.vocab.set_index("token_id")["token"]
-    spans = [seqs.token_ids[a:b] for a, b in samples.label_spans]
-    assert [[names[i] for i in span] for span in spans] == [["A01", "D01"], ["E01"]]
+    assert [names[i] for i in seqs.token_ids[slice(*samples.label_spans[0])]] == ["E01"]
+    # without thinning, every visit but the last is a prediction time
+    dropped = etl_run(P1, THINNING_EVENTS, max_seq_len=12, split=ALL_TRAIN)
+    assert len(build_samples(load_tokens(dropped.out), TaskConfig())) == 3
 
 
 def test_token_files_from_before_thinning_load_with_none_thinned(etl_run: Run) -> None:

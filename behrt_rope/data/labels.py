@@ -12,8 +12,8 @@ of label-vocabulary codes recorded
   therefore dropped too: the follow-up ended before the horizon.
 
 Where the ETL thinned a long history's oldest visits to their codes' first records (``etl.keep_first_records``),
-those visits are history only: a prediction time is eligible only if every later visit is whole, so no label
-comes from a thinned visit.
+those visits are history only: prediction times are whole visits (every later visit is whole too), so no label
+comes from a thinned visit and none skips the visits dropped between thinned ones.
 
 Samples are taken at every eligible visit (``every_visit``) or at one random eligible visit per patient
 (``random_visit``, as BEHRT did). Splits never mix: samples are built from one split's patients at a time.
@@ -104,9 +104,9 @@ def build_samples(seqs: Sequences, task: TaskConfig) -> Samples:
     has_next = np.zeros(n, dtype=bool)
     has_next[:-1] = patient[1:] == patient[:-1]
     k = visits["k"].to_numpy()
-    # the visits after a prediction time must be whole: a thinned visit holds only its first records
-    whole_after = k + 1 >= seqs.thinned_visits[patient]
-    eligible = has_next & (k + 1 >= task.min_history_visits) & whole_after
+    # a thinned visit holds only its first records, and the visits between it and the next one were dropped
+    whole = k >= seqs.thinned_visits[patient]
+    eligible = has_next & (k + 1 >= task.min_history_visits) & whole
     if task.name == "next_visit":
         last = np.minimum(np.arange(n) + 1, n - 1)
     else:
