@@ -142,7 +142,6 @@ def structure(
     n_tok = max(len(tokens.categories), 1)
     pairs = distinct_sorted(np.sort(visit * n_tok + tokens.codes.astype(np.int64)))
     pair_visit, pair_token = pairs // n_tok, pairs % n_tok
-    n_codes = np.bincount(pair_visit, minlength=n_visits)
 
     # Visit order: by time, ties broken by visit id then day (never by row order); then the newest visits
     # that fit in max_seq_len, with the older ones thinned to their codes' first records or dropped.
@@ -153,16 +152,9 @@ def structure(
     is_start = np.zeros(n_visits, dtype=bool)
     is_start[starts] = True
     g = np.cumsum(is_start) - 1  # patient group of each ordered visit
-    whole = _tokens_from(n_codes[order], ends, g) + 1 <= max_seq_len  # the newest visits that fit
-    pair_kept = None  # every pair of a kept visit is kept, unless older visits are thinned
-    thinned = np.zeros(n_visits, dtype=bool)
-    if keep_first_records and not whole.all():
-        first = _first_records(pair_visit, pair_token, vp, order, sp[starts[~whole[starts]]])
-        n_first = np.bincount(pair_visit[first], minlength=n_visits)[order]
-        whole, thinned = _thin_older(n_codes[order], n_first, starts, ends, g, max_seq_len)
-        visit_thinned = np.zeros(n_visits, dtype=bool)
-        visit_thinned[order[thinned]] = True
-        pair_kept = ~visit_thinned[pair_visit] | first
+    whole, thinned, pair_kept = _fit_length(
+        pair_visit, pair_token, vp, order, (starts, ends, g), max_seq_len, keep_first_records
+    )
     keep = whole | thinned
     n_kept = np.add.reduceat(keep.astype(np.int64), starts) if n_visits else np.zeros(0, dtype=np.int64)
     kept_any = n_kept > 0
@@ -228,6 +220,35 @@ def structure(
         too_long=too_long_patient[pid],
         thinned_visits=int(thinned.sum()),
     )
+
+
+def _fit_length(
+    pair_visit: np.ndarray,
+    pair_token: np.ndarray,
+    visit_patient: np.ndarray,
+    order: np.ndarray,
+    groups: tuple[np.ndarray, np.ndarray, np.ndarray],
+    max_len: int,
+    keep_first_records: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Which visits fit in ``max_len`` tokens: per visit in output ``order`` (patients' visits at ``groups`` =
+    (starts, ends, patient group per visit)), kept whole and kept thinned to their first records; and per
+    distinct (visit, token) pair, whether it is kept where older visits were thinned (None: none were, so every
+    pair of a kept visit is)."""
+    starts, ends, g = groups
+    n_visits = len(order)
+    n_codes = np.bincount(pair_visit, minlength=n_visits)[order]
+    whole = _tokens_from(n_codes, ends, g) + 1 <= max_len  # the newest visits that fit
+    thinned = np.zeros(n_visits, dtype=bool)
+    if not keep_first_records or whole.all():
+        return whole, thinned, None
+    cut_short = visit_patient[order][starts[~whole[starts]]]
+    first = _first_records(pair_visit, pair_token, visit_patient, order, cut_short)
+    n_first = np.bincount(pair_visit[first], minlength=n_visits)[order]
+    whole, thinned = _thin_older(n_codes, n_first, starts, ends, g, max_len)
+    visit_thinned = np.zeros(n_visits, dtype=bool)
+    visit_thinned[order[thinned]] = True
+    return whole, thinned, ~visit_thinned[pair_visit] | first
 
 
 def _tokens_from(n_codes: np.ndarray, ends: np.ndarray, g: np.ndarray) -> np.ndarray:
