@@ -130,3 +130,27 @@ def test_a_shard_is_written_while_the_next_is_scored_and_the_file_equals_sequent
     for shard in range(3):
         expected = pipeline.score_prepared(job, prepare_shard(src, vocab, shard, 3), scorer)
         assert written.read_row_group(shard).equals(expected)
+
+
+def test_new_histories_are_thinned_as_the_model_s_etl_thinned_its_own(visits_dir):
+    """``predict`` lays new histories out with the model's ETL settings, first-record thinning included."""
+    from behrt_rope.etl.readers import ShardSource
+    from behrt_rope.scoring.shard import prepare_shard
+    from pipelines import predict as pipeline
+
+    bundle = {"etl_settings": {"etl": {"max_seq_len": 12, "keep_first_records": True}}}
+    etl = pipeline._etl_config(bundle, "", None)
+    assert etl.keep_first_records and etl.max_seq_len == 12
+    visits = [("2010-01-01", "A01 B01"), ("2011-01-01", "A01 C01"), ("2012-01-01", "A01"), ("2013-01-01", "A01 D01")]
+    events = [
+        {"patient_id": "p1", "date": day, "code": code}
+        for day, codes in [*visits, ("2014-01-01", "E01")]
+        for code in codes.split()
+    ]
+    raw = visits_dir([{"patient_id": "p1", "birth_date": "2000-01-01"}], events)
+    vocab = pd.DataFrame(
+        {"token_id": np.arange(10, dtype=np.int32), "token": [*S.SPECIAL_TOKENS, "A01", "B01", "C01", "D01", "E01"]}
+    )
+    seqs = prepare_shard(ShardSource.open(raw, etl), vocab, 0, 1).seqs
+    assert seqs.token_ids.tolist() == [S.CLS_ID, 5, 6, S.SEP_ID, 7, S.SEP_ID, 5, 8, S.SEP_ID, 9, S.SEP_ID]
+    assert seqs.thinned_visits.tolist() == [2]
