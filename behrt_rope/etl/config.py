@@ -89,8 +89,10 @@ class EtlConfig:
     keep_first_records: bool = False
     """When a history is longer than ``max_seq_len``, the older visits that do not fit keep the codes recorded
     there for the first time (at most half the stream; a visit with none is dropped) instead of being dropped
-    whole, so the stream still shows every code the patient has had and when it was first recorded. False:
-    drop whole oldest visits (BEHRT)."""
+    whole, so the stream still shows every code the patient has had and when it was first recorded, at the
+    cost of some recent whole visits. False (the default): drop whole oldest visits, as BEHRT did; on a tuning
+    cohort where a quarter of the histories are cut the two were level (docs/benchmarks.md, "Sixteenth
+    round")."""
     max_invalid_fraction: float = 0.5
     """If more than this share of a date column fails to parse, stop: the column has the wrong format."""
     shards: int = 1
