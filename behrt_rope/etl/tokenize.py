@@ -156,7 +156,10 @@ def structure(
         pair_visit, pair_token, vp, order, (starts, ends, g), max_seq_len, keep_first_records
     )
     keep = whole | thinned
-    n_kept = np.add.reduceat(keep.astype(np.int64), starts) if n_visits else np.zeros(0, dtype=np.int64)
+    n_kept, n_whole = (
+        (np.add.reduceat(m.astype(np.int64), starts) if n_visits else np.zeros(0, dtype=np.int64))
+        for m in (keep, whole)
+    )
     kept_any = n_kept > 0
     too_long_patient = np.zeros(len(pid_uniques), dtype=bool)
     too_long_patient[sp[starts[~kept_any]]] = True
@@ -214,9 +217,7 @@ def structure(
         merged_in_visit=int(event_kept.sum()) - n_out,
         truncated_events=int((~event_kept & ~too_long_patient[pid]).sum()),
         truncated_visits=int(dropped.sum()),
-        truncated_patients=int(((np.add.reduceat(whole.astype(np.int64), starts) <= ends - starts) & kept_any).sum())
-        if n_visits
-        else 0,
+        truncated_patients=int(((n_whole < ends - starts + 1) & kept_any).sum()),  # lost or thinned a visit
         too_long=too_long_patient[pid],
         thinned_visits=int(thinned.sum()),
     )
