@@ -140,7 +140,8 @@ def structure(
 
     # distinct tokens per visit (repeated codes in a visit merge into one token), sorted by visit and token
     n_tok = max(len(tokens.categories), 1)
-    pairs = distinct_sorted(np.sort(visit * n_tok + tokens.codes.astype(np.int64)))
+    event_pair_key = visit * n_tok + tokens.codes.astype(np.int64)
+    pairs = distinct_sorted(np.sort(event_pair_key))
     pair_visit, pair_token = pairs // n_tok, pairs % n_tok
 
     # Visit order: by time, ties broken by visit id then day (never by row order); then the newest visits
@@ -187,16 +188,17 @@ def structure(
         }
     )
     # the kept visits' codes in output order: each visit's run of (sorted) kept pairs, moved as a block
-    kept_pairs = np.arange(len(pairs)) if pair_kept is None else np.flatnonzero(pair_kept)
-    n_kept_codes = np.bincount(pair_visit[kept_pairs], minlength=n_visits)
+    kept_pairs = None if pair_kept is None else np.flatnonzero(pair_kept)
+    n_kept_codes = np.bincount(pair_visit if kept_pairs is None else pair_visit[kept_pairs], minlength=n_visits)
     run_length = n_kept_codes[kept]
     run_start = (np.cumsum(n_kept_codes) - n_kept_codes)[kept]
     n_out = int(run_length.sum())
-    take = kept_pairs[np.repeat(run_start - (np.cumsum(run_length) - run_length), run_length) + np.arange(n_out)]
+    take = np.repeat(run_start - (np.cumsum(run_length) - run_length), run_length) + np.arange(n_out)
+    take = take if kept_pairs is None else kept_pairs[take]
     if pair_kept is None:
         event_kept = visit_kept[visit]
     else:
-        event_pair = np.searchsorted(pairs, visit * n_tok + tokens.codes.astype(np.int64))
+        event_pair = np.searchsorted(pairs, event_pair_key)
         event_kept = pair_kept[event_pair] & visit_kept[visit]
     dropped = ~keep & kept_any[g]
     return Structured(
