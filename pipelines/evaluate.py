@@ -131,6 +131,11 @@ def run(config: Config) -> Path:
     if vocab["token"].tolist() != bundle["vocab"]:
         raise UserError(f"{config.model} was trained on a different vocabulary than {config.data}")
     task = config_lib.build(TaskConfig, bundle["task"])
+    if config.oracle and task.name != "next_visit":
+        raise UserError(
+            f"{config.oracle}: the oracle gives next-visit probabilities, but {config.model} predicts the "
+            f"{task.name} task, so no ceiling exists for it; evaluate without oracle=, or a next_visit model"
+        )
     label_of_token = label_index(np.asarray(bundle["label_token_ids"], dtype=np.int64), len(vocab))
     held = seqs.split(S.HELD_OUT)
     samples = build_samples(held, task)

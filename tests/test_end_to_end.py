@@ -312,6 +312,29 @@ def test_oracle_refused_when_the_etl_merges_its_codes(oracle_run, visits_run, ca
 
 
 @pytest.mark.slow
+def test_a_window_task_runs_through_every_stage_and_refuses_the_next_visit_oracle(oracle_run, tmp_path, capsys):
+    """``--task 12m``: the labels are the codes recorded within a year after the prediction visit, and the
+    model, every reference and the report are of that task. The oracle gives next-visit probabilities, so
+    evaluate refuses it for such a model rather than report a ceiling of another task."""
+    cohort, ev = oracle_run
+    etl, ft, out = ev.parent / "etl", tmp_path / "ft_12m", tmp_path / "ev_12m"
+    _run("finetune", "--data", str(etl), "--out", str(ft), "--task", "12m", *FINETUNE_FAST, *TINY_MODEL)
+    assert load_bundle(ft, "multilabel")["task"]["name"] == "12m"
+    argv = ["evaluate", "--model", str(ft), "--data", str(etl), "--out", str(out), "n_bootstrap=5"]
+    assert main([*argv, f"oracle={cohort}"]) == 1
+    assert "predicts the 12m task, so no ceiling exists" in error_line(capsys.readouterr().err)
+    assert not (out / S.DONE_MARKER).exists()
+    _run(*argv)
+    window, next_visit = read_metrics(out), read_metrics(ev)
+    assert window["task"] == "12m" and window["ceiling"] is None
+    assert set(window["baselines"]) == set(next_visit["baselines"])
+    # a year holds more visits than one: more codes per sample; it needs a year of follow-up: fewer samples
+    assert window["model"]["overall"]["label_cardinality"] > next_visit["model"]["overall"]["label_cardinality"]
+    assert window["model"]["n_samples"] < next_visit["model"]["n_samples"]
+    assert "Diagnoses recorded within 12 months" in (out / S.REPORT_FILE).read_text()
+
+
+@pytest.mark.slow
 def test_finetune_takes_head_and_dropout_from_its_own_settings_and_refuses_a_clashing_encoder(visits_run):
     from behrt_rope import config as config_lib
     from behrt_rope.errors import UserError
