@@ -73,9 +73,11 @@ class Config:
     """With model.sparse_time, the path's weight in the model's logit (the deep part has 1 minus it); null:
     the one of ``training.sparse_time_fit.SHARE_GRID`` with the best tuning macro AP after training (0.5
     without a tuning split)."""
-    sparse_time_max_samples: int = 200_000
+    sparse_time_max_samples: int = 50_000
     """With model.sparse_time, fit the path on at most this many train samples (a seeded subsample), to bound
-    its time and memory (its features take 24 bytes per sample and label)."""
+    its time and memory (its features take 24 bytes per sample and label); the deep part trains on all of
+    them. Evaluate's references use the same cap. 50,000 against every sample (up to 135,000): level tuning
+    macro AP of the model, a 7-13x shorter fit (docs/benchmarks.md, "Seventeenth round")."""
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     """Without --pretrained, the whole model; with it, only the head's settings (label_attention_heads,
