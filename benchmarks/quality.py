@@ -3,7 +3,7 @@
     python benchmarks/quality.py [--cohorts default short_sparse long_dense] [--patients 8000]
                                  [--split 0.5 0.05 0.45]
                                  [--work DIR] [--oracle-replicas 300] [--markdown FILE] [--with-wide]
-                                 [--record-oracle-particles 1000]
+                                 [--record-oracle-particles 1000] [--task 12m]
                                  [-- extra overrides for pretrain and finetune, e.g. trainer.max_epochs=2]
 
 For each cohort: ``behrt-rope synth`` (with ``oracle=true``) -> ``etl`` -> ``pretrain`` -> ``finetune
@@ -19,11 +19,13 @@ from either regression (macro AP, with a paired interval), the same predictors o
 and the CPU and wall seconds of each stage (CPU: user + system of the stage's process and its children). With
 ``--with-wide`` a second model is fine-tuned from the same pre-trained encoder with ``model.wide=true`` (the
 bag-of-codes path, off by default) and scored at the same cuts (row ``model_with_wide_path``): what the wide
-path would add to the encoder. With ``--record-oracle-particles N`` the clinical cohorts are also measured
-against the record oracle of their held-out patients (``synthetic_data/record_oracle.py``: the best
-prediction from the recorded history alone, the ceiling a model can reach; about 15 minutes of one core per
-3,600 patients at N = 1000): ``gap_closed_record`` per predictor. With ``--markdown FILE`` it also writes the
-table that ``docs/benchmarks.md`` shows.
+path would add to the encoder. With ``--task 6m`` or ``--task 12m`` the model is fine-tuned for that window
+task and, since the oracles give next-visit probabilities, measured against the references on every
+held-out sample only (no synth oracle, no ``at_oracle_cuts``). With ``--record-oracle-particles N`` the
+clinical cohorts are also measured against the record oracle of their held-out patients
+(``synthetic_data/record_oracle.py``: the best prediction from the recorded history alone, the ceiling a model
+can reach; about 15 minutes of one core per 3,600 patients at N = 1000): ``gap_closed_record`` per predictor.
+With ``--markdown FILE`` it also writes the tables that ``docs/benchmarks.md`` shows.
 
 The cohorts differ in structure, and their seeds are ones the defaults were never tuned on:
 
@@ -120,10 +122,13 @@ def run_cohort(
     with_wide: bool = False,
     split: tuple[float, float, float] = (0.8, 0.1, 0.1),
     record_particles: int = 0,
+    task: str = "next_visit",
 ) -> dict[str, Any]:
     """Every stage on one cohort; the figures of its evaluation and the cost of each stage. With
-    ``record_particles`` (clinical cohorts) also the record oracle of the held-out patients."""
+    ``record_particles`` (clinical cohorts) also the record oracle of the held-out patients. The oracles give
+    next-visit probabilities, so a ``6m`` or ``12m`` ``task`` is measured against the references only."""
     d = {s: work / name / s for s in ("cohort", "etl", "pretrain", "finetune", "evaluate")}
+    oracle = task == "next_visit"
     seconds = {
         "synth": stage(
             "synth",
@@ -132,8 +137,7 @@ def run_cohort(
             "--patients",
             str(patients),
             *COHORTS[name],
-            "oracle=true",
-            f"oracle_replicas={replicas}",
+            *(["oracle=true", f"oracle_replicas={replicas}"] if oracle else []),
         ),
         "etl": stage(
             "etl",
@@ -146,7 +150,7 @@ def run_cohort(
         ),
         **(
             {"record_oracle": write_record_oracle(d["cohort"], d["etl"], record_particles, replicas)}
-            if record_particles and "synth.process=recurrence" not in COHORTS[name]
+            if oracle and record_particles and "synth.process=recurrence" not in COHORTS[name]
             else {}
         ),
         "pretrain": stage(
@@ -160,6 +164,8 @@ def run_cohort(
             str(d["finetune"]),
             "--pretrained",
             str(d["pretrain"]),
+            "--task",
+            task,
             "trainer.progress_bar=false",
             *extra,
         ),
@@ -171,7 +177,7 @@ def run_cohort(
             str(d["etl"]),
             "--out",
             str(d["evaluate"]),
-            f"oracle={d['cohort']}",
+            *([f"oracle={d['cohort']}"] if oracle else []),
             "progress=false",
         ),
     }
@@ -185,6 +191,8 @@ def run_cohort(
             str(wide),
             "--pretrained",
             str(d["pretrain"]),
+            "--task",
+            task,
             "trainer.progress_bar=false",
             "model.wide=true",
             *extra,
@@ -197,7 +205,7 @@ def run_cohort(
             str(d["etl"]),
             "--out",
             str(wide_eval),
-            f"oracle={d['cohort']}",
+            *([f"oracle={d['cohort']}"] if oracle else []),
             "progress=false",
             "gradient_boosting=false",
             "sparse_time_regression=false",
@@ -205,19 +213,39 @@ def run_cohort(
     metrics = json.loads((d["evaluate"] / "metrics.json").read_text())
     finetune = json.loads((d["finetune"] / "metrics.json").read_text())
     manifest = json.loads((d["etl"] / "manifest.json").read_text())
-    ceiling, record = metrics["ceiling"], metrics.get("ceiling_record") or {"predictors": {}}
-    by_history = ceiling.get("by_history") or {}
-    record_by_history = record.get("by_history") or {}
-    if with_wide:
-        wide_ceiling = json.loads((work / name / "evaluate_with_wide" / "metrics.json").read_text())["ceiling"]
-        ceiling["predictors"]["model_with_wide_path"] = wide_ceiling["predictors"]["model"]
-        for part, entries in (wide_ceiling.get("by_history") or {}).items():
-            by_history.setdefault(part, {})["model_with_wide_path"] = entries["model"]
+    wide_metrics = json.loads((work / name / "evaluate_with_wide" / "metrics.json").read_text()) if with_wide else None
     return {
+        "task": task,
         "patients": manifest["patients"]["with_tokens"],
         "tokens_per_patient": manifest["sequence_length"]["mean"],
         "labels": finetune["labels"],
         "finetune_epochs": finetune["epochs"],
+        **(at_oracle_cuts(metrics, wide_metrics) if metrics["ceiling"] else {}),
+        "all_held_out": {
+            "n_samples": metrics["model"]["n_samples"],
+            **{
+                p: {k: _with_ci(e["overall"], k) for k in ("macro_ap", "micro_ap", "macro_auroc")}
+                for p, e in {"model": metrics["model"], **metrics["baselines"]}.items()
+            },
+        },
+        "seconds": seconds,
+        "train_cpu_s": round(seconds["pretrain"]["cpu_s"] + seconds["finetune"]["cpu_s"], 1),
+        "train_wall_s": round(seconds["pretrain"]["wall_s"] + seconds["finetune"]["wall_s"], 1),
+    }
+
+
+def at_oracle_cuts(metrics: dict[str, Any], wide: dict[str, Any] | None) -> dict[str, Any]:
+    """From an evaluation against the oracle (``metrics.json``; ``wide``: the wide-path model's): every
+    predictor's figures at the oracle's cuts (``at_oracle_cuts``) and the record oracle's macro AP when the
+    cohort has one."""
+    ceiling, record = metrics["ceiling"], metrics.get("ceiling_record") or {"predictors": {}}
+    by_history = ceiling.get("by_history") or {}
+    record_by_history = record.get("by_history") or {}
+    if wide:
+        ceiling["predictors"]["model_with_wide_path"] = wide["ceiling"]["predictors"]["model"]
+        for part, entries in (wide["ceiling"].get("by_history") or {}).items():
+            by_history.setdefault(part, {})["model_with_wide_path"] = entries["model"]
+    return {
         "at_oracle_cuts": {
             "n_samples": ceiling["n_samples"],
             **{
@@ -240,7 +268,7 @@ def run_cohort(
                         else {}
                     ),
                 }
-                for p in PREDICTORS + ("model_with_wide_path",) * with_wide
+                for p in (*PREDICTORS, "model_with_wide_path")
                 if p in ceiling["predictors"]
             },
         },
@@ -249,16 +277,6 @@ def run_cohort(
             if "oracle" in record["predictors"]
             else {}
         ),
-        "all_held_out": {
-            "n_samples": metrics["model"]["n_samples"],
-            **{
-                p: {k: _with_ci(e["overall"], k) for k in ("macro_ap", "micro_ap", "macro_auroc")}
-                for p, e in {"model": metrics["model"], **metrics["baselines"]}.items()
-            },
-        },
-        "seconds": seconds,
-        "train_cpu_s": round(seconds["pretrain"]["cpu_s"] + seconds["finetune"]["cpu_s"], 1),
-        "train_wall_s": round(seconds["pretrain"]["wall_s"] + seconds["finetune"]["wall_s"], 1),
     }
 
 
@@ -279,27 +297,34 @@ def _with_ci(overall: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The docs table: one row per cohort and predictor, at the oracle's cuts (with the record oracle's
-    columns when a cohort has it)."""
-    record = any("record_oracle_macro_ap" in r for r in results["cohorts"].values())
+    """The docs tables: at the oracle's cuts (cohorts evaluated against it), on every held-out sample, and
+    the cost, one row per cohort and predictor."""
+    cohorts = results["cohorts"]
+    with_cuts = {name: r for name, r in cohorts.items() if "at_oracle_cuts" in r}
+    tables = [_cuts_table(with_cuts)] if with_cuts else []
+    return "\n".join([*tables, _held_out_table(cohorts), _cost_table(cohorts)])
+
+
+def _cuts_table(cohorts: dict[str, Any]) -> str:
+    """Every predictor at the oracle's cuts with the gap closed (and the record oracle's columns when a cohort
+    has it)."""
+    record = any("record_oracle_macro_ap" in r for r in cohorts.values())
     lines = [
         "| cohort | predictor | macro AP (95% CI) | micro AP | macro AUROC | gap closed (95% CI) "
         "| from the one-cut LR (95% CI) | on codes on file | on new onsets |"
         + (" gap closed to the record oracle (95% CI) | on file / new onsets |" if record else ""),
         "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if record else ""),
     ]
-    for cohort, r in results["cohorts"].items():
+    for cohort, r in cohorts.items():
         if "record_oracle_macro_ap" in r:
             ap = r["record_oracle_macro_ap"]
             lines.append(f"| {cohort} | record oracle | {ap['point']:.3f} |" + " |" * (6 + 2 * record))
         for p in [p for p in (*PREDICTORS, "model_with_wide_path") if p in r["at_oracle_cuts"]]:
             e = r["at_oracle_cuts"][p]
-            ap = e["macro_ap"]
-            ci = f" ({ap['ci'][0]:.3f}-{ap['ci'][1]:.3f})" if ap["ci"] else ""
             parts = e.get("gap_closed_by_history") or {}
             split = " | ".join(format_share(parts.get(part), ci=False) for part in HISTORY_PARTS)
             row = (
-                f"| {cohort} | {p} | {ap['point']:.3f}{ci} | {e['micro_ap']['point']:.3f} | "
+                f"| {cohort} | {p} | {_ap_with_ci(e)} | {e['micro_ap']['point']:.3f} | "
                 f"{e['macro_auroc']['point']:.3f} | {format_share(e['gap_closed'])} "
                 f"| {format_share(e.get('gap_closed_one_cut'))} | {split} |"
             )
@@ -308,17 +333,43 @@ def markdown(results: dict[str, Any]) -> str:
                 halves = " / ".join(format_share(on_record.get(part), ci=False) for part in HISTORY_PARTS)
                 row += f" {format_share(e.get('gap_closed_record'))} | {halves} |"
             lines.append(row)
-    lines += [
-        "",
-        "| cohort | patients | mean tokens per patient | held-out samples at cuts | train CPU s (wall s) |",
+    return "\n".join(lines) + "\n"
+
+
+def _held_out_table(cohorts: dict[str, Any]) -> str:
+    """Every predictor on all held-out samples of the cohort's task (no oracle needed)."""
+    lines = [
+        "| cohort | task | predictor | macro AP (95% CI) | micro AP | macro AUROC |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for cohort, r in cohorts.items():
+        for p, e in r["all_held_out"].items():
+            if p != "n_samples":
+                lines.append(
+                    f"| {cohort} | {r.get('task', 'next_visit')} | {p} | {_ap_with_ci(e)} | "
+                    f"{e['micro_ap']['point']:.3f} | {e['macro_auroc']['point']:.3f} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def _cost_table(cohorts: dict[str, Any]) -> str:
+    lines = [
+        "| cohort | patients | mean tokens per patient | held-out samples (at the oracle's cuts) "
+        "| train CPU s (wall s) |",
         "|---|---:|---:|---:|---:|",
     ]
-    for cohort, r in results["cohorts"].items():
+    for cohort, r in cohorts.items():
+        at_cuts = r["at_oracle_cuts"]["n_samples"] if "at_oracle_cuts" in r else "–"
         lines.append(
-            f"| {cohort} | {r['patients']} | {r['tokens_per_patient']} | {r['at_oracle_cuts']['n_samples']} | "
-            f"{r['train_cpu_s']:.0f} ({r['train_wall_s']:.0f}) |"
+            f"| {cohort} | {r['patients']} | {r['tokens_per_patient']} | {r['all_held_out']['n_samples']} ({at_cuts}) "
+            f"| {r['train_cpu_s']:.0f} ({r['train_wall_s']:.0f}) |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _ap_with_ci(entry: dict[str, Any]) -> str:
+    ap = entry["macro_ap"]
+    return f"{ap['point']:.3f}" + (f" ({ap['ci'][0]:.3f}-{ap['ci'][1]:.3f})" if ap["ci"] else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,6 +384,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("TRAIN", "TUNING", "HELD_OUT"),
         help="patient shares; the default gives 4,000 train patients and a held-out set large enough for the "
         "oracle comparison (one cut per held-out patient)",
+    )
+    parser.add_argument(
+        "--task",
+        default="next_visit",
+        choices=("next_visit", "6m", "12m"),
+        help="the fine-tuning task; the oracles give next-visit probabilities, so 6m and 12m are measured "
+        "against the references on every held-out sample only",
     )
     parser.add_argument("--oracle-replicas", type=int, default=300)
     parser.add_argument(
@@ -356,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             "patients": args.patients,
             "oracle_replicas": args.oracle_replicas,
             "record_oracle_particles": args.record_oracle_particles,
+            "task": args.task,
             "split": args.split,
             "overrides": args.extra,
             "cohorts": {},
@@ -371,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.with_wide,
                 tuple(args.split),
                 args.record_oracle_particles,
+                args.task,
             )
     print(json.dumps(results, indent=2))
     if args.markdown:

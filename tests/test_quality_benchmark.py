@@ -22,6 +22,9 @@ def _entry(share: float, on_file: float | None, new: float | None) -> dict:
     }
 
 
+ALL_HELD_OUT = {"n_samples": 900, "model": _entry(0.0, None, None), "gradient_boosting": _entry(0.0, None, None)}
+
+
 def test_table_has_the_history_split_per_predictor():
     cuts = {"n_samples": 100, "model": _entry(0.42, 0.61, 0.12), "oracle": _entry(1.0, 1.0, 1.0)}
     cuts["logistic_regression"] = _entry(0.0, None, None)  # an evaluation written before the split
@@ -31,6 +34,7 @@ def test_table_has_the_history_split_per_predictor():
                 "patients": 8000,
                 "tokens_per_patient": 50.0,
                 "at_oracle_cuts": cuts,
+                "all_held_out": ALL_HELD_OUT,
                 "train_cpu_s": 400.0,
                 "train_wall_s": 390.0,
             }
@@ -57,6 +61,7 @@ def test_table_adds_the_record_oracle_columns_when_a_cohort_has_them():
         "train_cpu_s": 400.0,
         "train_wall_s": 390.0,
         "at_oracle_cuts": {"n_samples": 100, "model": model, "oracle": _entry(1.0, 1.0, 1.0)},
+        "all_held_out": ALL_HELD_OUT,
         "record_oracle_macro_ap": {"point": 0.2577, "ci": None},
     }
     recurrence = cohort | {"at_oracle_cuts": {"n_samples": 100, "model": _entry(0.8, 0.8, 0.3)}}
@@ -69,6 +74,18 @@ def test_table_adds_the_record_oracle_columns_when_a_cohort_has_them():
     assert rows[("| default", "record oracle")].startswith("| default | record oracle | 0.258 |")
     assert rows[("| recurrence", "model")].endswith("| – | – / – |")
     assert all(row.count("|") == header.count("|") for row in rows.values())
+
+
+def test_a_window_task_has_the_held_out_and_cost_tables_without_oracle_columns():
+    """``--task 12m`` has no oracle: its cohorts appear on every held-out sample, not at the oracle's cuts."""
+    window = {"task": "12m", "patients": 8000, "tokens_per_patient": 50.0, "all_held_out": ALL_HELD_OUT,
+              "train_cpu_s": 400.0, "train_wall_s": 390.0}  # fmt: skip
+    tables = markdown({"cohorts": {"recurrence": window}}).split("\n\n")
+    assert len(tables) == 2 and "gap closed" not in tables[0]
+    held_out = tables[0].splitlines()
+    assert held_out[2] == "| recurrence | 12m | model | 0.250 (0.240-0.260) | 0.400 | 0.800 |"
+    assert [line.split(" | ")[2] for line in held_out[2:]] == ["model", "gradient_boosting"]
+    assert tables[1].splitlines()[2] == "| recurrence | 8000 | 50.0 | 900 (–) | 400 (390) |"
 
 
 def test_record_oracle_is_written_for_the_held_out_patients_beside_the_state_oracle(tmp_path):
