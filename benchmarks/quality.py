@@ -129,6 +129,7 @@ def run_cohort(
     next-visit probabilities, so a ``6m`` or ``12m`` ``task`` is measured against the references only."""
     d = {s: work / name / s for s in ("cohort", "etl", "pretrain", "finetune", "evaluate")}
     oracle = task == "next_visit"
+    against_oracle = [f"oracle={d['cohort']}"] if oracle else []
     seconds = {
         "synth": stage(
             "synth",
@@ -177,7 +178,7 @@ def run_cohort(
             str(d["etl"]),
             "--out",
             str(d["evaluate"]),
-            *([f"oracle={d['cohort']}"] if oracle else []),
+            *against_oracle,
             "progress=false",
         ),
     }
@@ -205,7 +206,7 @@ def run_cohort(
             str(d["etl"]),
             "--out",
             str(wide_eval),
-            *([f"oracle={d['cohort']}"] if oracle else []),
+            *against_oracle,
             "progress=false",
             "gradient_boosting=false",
             "sparse_time_regression=false",
