@@ -77,7 +77,7 @@ class Config:
     """With model.sparse_time, fit the path on at most this many train samples (a seeded subsample), to bound
     its time and memory (its features take 24 bytes per sample and label); the deep part trains on all of
     them. Evaluate's references use the same cap. 50,000 against every sample (up to 135,000): level tuning
-    macro AP of the model, a 7-13x shorter fit (docs/benchmarks.md, "Seventeenth round")."""
+    macro AP of the model, a 5-13x shorter fit (docs/benchmarks.md, "Seventeenth round")."""
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     """Without --pretrained, the whole model; with it, only the head's settings (label_attention_heads,
