@@ -47,7 +47,7 @@ def oracle_table(cfg: SynthConfig, replicas: int = 500) -> pd.DataFrame:
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     clean = replace(cfg, corrupt_fraction=0.0)
-    if clean.process == "recurrence":  # its state is the recorded history: the oracle is exact
+    if clean.process == "recurrence":  # its state is the recorded history: exact up to a quadrature
         from synthetic_data.recurrence import recurrence_oracle
 
         return recurrence_oracle(clean)

@@ -26,11 +26,14 @@ Kinds of code, drawn per seed: *chronic* (high persistence once recorded, a dura
 trigger targets), *recurrent* (episodes that come back at the next visits and fade within a few visits),
 *background* (about ``noise_codes_per_visit`` per visit in all, weak age effects only).
 
-The oracle is exact: codes at a visit depend only on the state after the previous visit and on the visit's
-day (through the age and the years since each code was first recorded), so the true probability of each code
-at the visit after a cut is ``sigmoid(z)`` at that visit's day for the other codes, and for the routine code
-``p + (1 - p) x P(no other code)``. The oracle thus knows when the next visit happens, which a model scoring
-at the cut does not; with gaps of months against effects that change over years, that is a small edge.
+The oracle is exact up to a quadrature: codes at a visit depend only on the state after the previous visit
+and on the visit's day (through the age and the years since each code was first recorded). The day is not
+part of that state: it is drawn after the cut, from the gap distribution above, given that the visit falls
+inside the window (the cut was chosen among visits followed by another). So the true probability of a code
+at the visit after a cut is the mean of ``sigmoid(z)`` (for the routine code, of ``p + (1 - p) x P(no other
+code)``) over that distribution, taken at ``GAP_NODES`` quantiles of each of its two parts. Until session 19
+the oracle read ``z`` at the day the simulation drew, which is knowledge of the future no prediction at the
+cut has; with sparse visits (gaps of years) that edge was large (docs/benchmarks.md, "Eighteenth round").
 
 >>> from synthetic_data.generator import SynthConfig
 >>> patients, events = generate_recurrence(SynthConfig(patients=20, seed=3, process="recurrence"))
@@ -45,6 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from behrt_rope.schema import CODE, PATIENT_ID, PREDICTION_TIME, PROBABILITY
 from synthetic_data.generator import (
@@ -67,6 +71,10 @@ CATALOGUE_SEED_OFFSET = 104_729
 FRAILTY_SD = 0.3
 CHRONIC_VISIT_BOOST = 0.1
 FOLLOWUP_MIN_DAYS, FOLLOWUP_MEAN_DAYS = 7.0, 14.0
+GAP_NODES = 64
+"""Quantile nodes per part of the next-gap distribution (routine, follow-up) in the oracle's integral."""
+ORACLE_CHUNK_NODES = 1_000_000
+"""(patient, node) pairs whose probabilities the oracle computes at once, to bound memory."""
 MAX_TRIGGERS = 2
 
 
@@ -231,16 +239,56 @@ class RecurrenceSimulation:
             if after_visit is not None:
                 after_visit(idx, hits)
 
+    def mean_gap(self, idx: np.ndarray) -> np.ndarray:
+        """(patients,) mean routine gap in days after the current state."""
+        chronic = (self.count[idx][:, self.cat.chronic] > 0).sum(axis=1)
+        return np.asarray(DAYS_PER_YEAR / (self.rate[idx] * (1.0 + CHRONIC_VISIT_BOOST * chronic)))
+
     def next_gap(self, idx: np.ndarray, first: bool) -> np.ndarray:
         rng, m = self.rng, idx.size
-        chronic = (self.count[idx][:, self.cat.chronic] > 0).sum(axis=1)
-        mean = DAYS_PER_YEAR / (self.rate[idx] * (1.0 + CHRONIC_VISIT_BOOST * chronic))
+        mean = self.mean_gap(idx)
         if first:
             return np.floor(rng.random(m) * mean).astype(np.int64)
         gap = rng.gamma(GAP_SHAPE, mean / GAP_SHAPE)
         followup = self.had_recurrent[idx] & (rng.random(m) < self.cfg.followup_probability)
         gap = np.where(followup, FOLLOWUP_MIN_DAYS + rng.exponential(FOLLOWUP_MEAN_DAYS, m), gap)
         return np.maximum(1, np.rint(gap)).astype(np.int64)
+
+    def next_day_nodes(self, idx: np.ndarray, nodes: int = GAP_NODES) -> tuple[np.ndarray, np.ndarray]:
+        """``(days, weights)``, each ``(patients, 2 nodes)``: days of the next visit at quantile nodes of the
+        gap distribution after the current state (routine Gamma, then the follow-up part, whose weight is 0
+        unless the last visit had a recurrent code), given that the visit falls on or before the window's
+        end; each row of weights sums to 1. Only for patients after their first visit (whose next visit
+        ends the window or not by the same law)."""
+        mean = self.mean_gap(idx)
+        limit = (self.end - self.t_prev[idx]).astype(np.float64) + 0.5  # rint(gap) <= end - t_prev
+        share = (np.arange(nodes) + 0.5) / nodes  # (nodes,) mid-quantiles
+        routine_mass = stats.gamma.cdf(limit, GAP_SHAPE, scale=mean / GAP_SHAPE)
+        routine = stats.gamma.ppf(share * routine_mass[:, None], GAP_SHAPE, scale=mean[:, None] / GAP_SHAPE)
+        followup_mass = stats.expon.cdf(limit - FOLLOWUP_MIN_DAYS, scale=FOLLOWUP_MEAN_DAYS)
+        followup = FOLLOWUP_MIN_DAYS + stats.expon.ppf(share * followup_mass[:, None], scale=FOLLOWUP_MEAN_DAYS)
+        p_followup = self.had_recurrent[idx] * self.cfg.followup_probability
+        part = np.stack([(1.0 - p_followup) * routine_mass, p_followup * followup_mass], axis=1)  # (patients, 2)
+        part = part / part.sum(axis=1, keepdims=True)
+        gaps = np.maximum(1, np.rint(np.concatenate([routine, followup], axis=1)))
+        weights = np.repeat(part / nodes, nodes, axis=1)
+        return self.t_prev[idx, None] + gaps.astype(np.int64), weights
+
+    def next_visit_probabilities(self, idx: np.ndarray, nodes: int = GAP_NODES) -> np.ndarray:
+        """(patients, codes) chance of each code at the next visit from the current state, over the day of that
+        visit (:meth:`next_day_nodes`); the routine code is recorded when no other code is."""
+        days, weights = self.next_day_nodes(idx, nodes)
+        out = np.empty((idx.size, len(self.cat.codes)))
+        step = max(1, ORACLE_CHUNK_NODES // (2 * nodes))
+        for lo in range(0, idx.size, step):
+            rows = slice(lo, lo + step)
+            at = np.repeat(idx[rows], 2 * nodes)
+            p = self.probabilities(at, days[rows].ravel())  # (patients x 2 nodes, codes)
+            others_absent = np.prod(1.0 - np.delete(p, self.cat.routine, axis=1), axis=1)
+            p[:, self.cat.routine] += (1.0 - p[:, self.cat.routine]) * others_absent
+            p = p.reshape(-1, 2 * nodes, p.shape[1])
+            out[rows] = np.einsum("pnc,pn->pc", p, weights[rows])
+        return out
 
     def visit(self, idx: np.ndarray, day: np.ndarray, visit: int) -> np.ndarray:
         """Record each patient's codes of this visit and update the state; returns (patients, codes) hits."""
@@ -270,8 +318,9 @@ def generate_recurrence(cfg: SynthConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def recurrence_oracle(cfg: SynthConfig) -> pd.DataFrame:
-    """Exact next-visit probabilities at one random cut visit per patient with at least two visits; the
-    columns of :func:`synthetic_data.oracle.oracle_table`."""
+    """Next-visit probabilities at one random cut visit per patient with at least two visits, from the state
+    right after the cut (:meth:`RecurrenceSimulation.next_visit_probabilities`); the columns of
+    :func:`synthetic_data.oracle.oracle_table`."""
     cat = draw_catalogue(cfg)
     first = RecurrenceSimulation(cfg, np.random.default_rng(cfg.seed), cat)
     first.run_visits()
@@ -285,10 +334,7 @@ def recurrence_oracle(cfg: SynthConfig) -> pd.DataFrame:
     def capture(idx: np.ndarray, day: np.ndarray) -> None:
         now = (cut[idx] >= 0) & (sim.visits[idx] == cut[idx] + 1)  # the visit right after the cut
         if now.any():
-            p = sim.probabilities(idx[now], day[now])
-            others_absent = np.prod(1.0 - np.delete(p, cat.routine, axis=1), axis=1)
-            p[:, cat.routine] += (1.0 - p[:, cat.routine]) * others_absent
-            parts.append((idx[now], sim.t_prev[idx[now]], p))
+            parts.append((idx[now], sim.t_prev[idx[now]], sim.next_visit_probabilities(idx[now])))
 
     sim.run_visits(before_visit=capture)
     patient = np.concatenate([p for p, _, _ in parts])

@@ -1,5 +1,5 @@
 """The generator's oracle: true next-visit code probabilities at one cut visit per patient, for both processes
-(clinical: Monte Carlo over the hidden state; recurrence: exact)."""
+(clinical: Monte Carlo over the hidden state; recurrence: exact up to a quadrature over the next visit's day)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from behrt_rope.schema import CODE, DATE, PATIENT_ID, PREDICTION_TIME, PROBABILITY
 from synthetic_data.generator import SynthConfig, catalogue_codes, generate
 from synthetic_data.oracle import cut_times, oracle_table
-from synthetic_data.recurrence import ROUTINE, draw_catalogue
+from synthetic_data.recurrence import ROUTINE, RecurrenceSimulation, draw_catalogue
 
 
 @pytest.fixture(scope="module", params=["clinical", "recurrence"])
@@ -87,6 +87,36 @@ def test_recurrence_oracle_is_exact_on_a_large_sample():
     assert abs(z.mean()) < 0.5
     routine = oracle[oracle[CODE] == ROUTINE]
     assert len(routine) == oracle[PATIENT_ID].nunique(), "the routine code is possible at every next visit"
+
+
+def test_recurrence_oracle_integrates_over_the_day_of_the_next_visit():
+    """The next visit's day is drawn after the cut, so the oracle averages over it: its quadrature must match a
+    Monte Carlo of the simulation's own gap draws (kept when they fall inside the window) from the same state,
+    on a sparse cohort where gaps of years move the age and duration terms."""
+    cfg = SynthConfig(patients=300, seed=8, process="recurrence", start="2015-01-01", visit_rate=0.35)
+    sim = RecurrenceSimulation(cfg, np.random.default_rng(cfg.seed), draw_catalogue(cfg))
+    sim.run_visits()
+    idx = np.flatnonzero(sim.visits >= 1)[:40]  # the state after each patient's last visit
+    sim.end += 3 * 365  # room for a next visit after the last one
+    quadrature = sim.next_visit_probabilities(idx)
+
+    sim.rng = np.random.default_rng(99)
+    draws = 4000
+    many = np.repeat(idx, draws)
+    day = sim.t_prev[many] + sim.next_gap(many, first=False)
+    inside = day <= sim.end
+    p = sim.probabilities(many, day)
+    others_absent = np.prod(1.0 - np.delete(p, sim.cat.routine, axis=1), axis=1)
+    p[:, sim.cat.routine] += (1.0 - p[:, sim.cat.routine]) * others_absent
+    p = np.where(inside[:, None], p, 0.0).reshape(len(idx), draws, -1)
+    monte_carlo = p.sum(axis=1) / inside.reshape(len(idx), draws).sum(axis=1, keepdims=True)
+
+    assert np.abs(quadrature - monte_carlo).max() < 0.02
+    assert np.abs(quadrature - monte_carlo).mean() < 0.002
+    at_mean_day = sim.probabilities(idx, sim.t_prev[idx] + np.rint(sim.mean_gap(idx)).astype(np.int64))
+    other = np.arange(p.shape[-1]) != sim.cat.routine
+    gap = np.abs(at_mean_day - monte_carlo)[:, other]
+    assert gap.max() > 0.05, "the day matters on this cohort, so one fixed day would fail the comparison"
 
 
 def test_recurrence_catalogue_is_drawn_per_seed():
