@@ -255,12 +255,20 @@ class RecurrenceSimulation:
         gap = np.where(followup, FOLLOWUP_MIN_DAYS + rng.exponential(FOLLOWUP_MEAN_DAYS, m), gap)
         return np.maximum(1, np.rint(gap)).astype(np.int64)
 
+    def recorded_probabilities(self, idx: np.ndarray, day: np.ndarray) -> np.ndarray:
+        """(patients, codes) chance that a visit on ``day`` records each code: :meth:`probabilities`, and for the
+        routine code ``p + (1 - p) x P(no other code)`` (a visit with no other code records it)."""
+        p = self.probabilities(idx, day)
+        others_absent = np.prod(1.0 - np.delete(p, self.cat.routine, axis=1), axis=1)
+        p[:, self.cat.routine] += (1.0 - p[:, self.cat.routine]) * others_absent
+        return p
+
     def next_day_nodes(self, idx: np.ndarray, nodes: int = GAP_NODES) -> tuple[np.ndarray, np.ndarray]:
         """``(days, weights)``, each ``(patients, 2 nodes)``: days of the next visit at quantile nodes of the
         gap distribution after the current state (routine Gamma, then the follow-up part, whose weight is 0
         unless the last visit had a recurrent code), given that the visit falls on or before the window's
-        end; each row of weights sums to 1. Only for patients after their first visit (whose next visit
-        ends the window or not by the same law)."""
+        end; each row of weights sums to 1. Only for patients past their first visit (the first gap follows
+        another law)."""
         mean = self.mean_gap(idx)
         limit = (self.end - self.t_prev[idx]).astype(np.float64) + 0.5  # rint(gap) <= end - t_prev
         share = (np.arange(nodes) + 0.5) / nodes  # (nodes,) mid-quantiles
@@ -277,16 +285,14 @@ class RecurrenceSimulation:
 
     def next_visit_probabilities(self, idx: np.ndarray, nodes: int = GAP_NODES) -> np.ndarray:
         """(patients, codes) chance of each code at the next visit from the current state, over the day of that
-        visit (:meth:`next_day_nodes`); the routine code is recorded when no other code is."""
+        visit (:meth:`next_day_nodes`)."""
         days, weights = self.next_day_nodes(idx, nodes)
         out = np.empty((idx.size, len(self.cat.codes)))
         step = max(1, ORACLE_CHUNK_NODES // (2 * nodes))
         for lo in range(0, idx.size, step):
             rows = slice(lo, lo + step)
             at = np.repeat(idx[rows], 2 * nodes)
-            p = self.probabilities(at, days[rows].ravel())  # (patients x 2 nodes, codes)
-            others_absent = np.prod(1.0 - np.delete(p, self.cat.routine, axis=1), axis=1)
-            p[:, self.cat.routine] += (1.0 - p[:, self.cat.routine]) * others_absent
+            p = self.recorded_probabilities(at, days[rows].ravel())  # (patients x 2 nodes, codes)
             p = p.reshape(-1, 2 * nodes, p.shape[1])
             out[rows] = np.einsum("pnc,pn->pc", p, weights[rows])
         return out

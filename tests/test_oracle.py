@@ -105,9 +105,7 @@ def test_recurrence_oracle_integrates_over_the_day_of_the_next_visit():
     many = np.repeat(idx, draws)
     day = sim.t_prev[many] + sim.next_gap(many, first=False)
     inside = day <= sim.end
-    p = sim.probabilities(many, day)
-    others_absent = np.prod(1.0 - np.delete(p, sim.cat.routine, axis=1), axis=1)
-    p[:, sim.cat.routine] += (1.0 - p[:, sim.cat.routine]) * others_absent
+    p = sim.recorded_probabilities(many, day)
     p = np.where(inside[:, None], p, 0.0).reshape(len(idx), draws, -1)
     monte_carlo = p.sum(axis=1) / inside.reshape(len(idx), draws).sum(axis=1, keepdims=True)
 
