@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from behrt_rope import config as config_lib
 from pipelines import finetune, pretrain
 
@@ -42,3 +44,31 @@ def test_encoder_lr_scale_reaches_every_encoder_parameter_and_nothing_else():
     assert set(peak_lr) == {id(p) for p in model.parameters()}
     assert {peak_lr[i] for i in encoder} == {0.5}
     assert {lr for i, lr in peak_lr.items() if i not in encoder} == {2.0}
+
+
+def test_head_lr_scale_reaches_every_parameter_outside_the_encoder_and_the_wide_path():
+    from behrt_rope.model.config import ModelConfig
+    from behrt_rope.model.heads import BehrtForMultiLabel
+    from behrt_rope.training.config import TrainerConfig
+    from behrt_rope.training.optim import build_optimizer
+
+    config = ModelConfig(vocab_size=20, hidden_size=16, num_heads=2, wide=True)
+    model = BehrtForMultiLabel(config, 3, "visit", [5, 6, 7])
+    cfg = TrainerConfig(learning_rate=2.0, encoder_lr_scale=0.25, head_lr_scale=3.0, wide_lr_scale=10.0)
+    optimizer, _ = build_optimizer(model, cfg, total_steps=10)
+    peak_lr = {id(p): g["initial_lr"] for g in optimizer.param_groups for p in g["params"]}
+    encoder = {id(p) for p in model.encoder.parameters()}
+    wide = {id(p) for p in model.wide.parameters()}
+    head = {id(p) for p in model.parameters()} - encoder - wide
+    assert head >= {id(p) for p in model.classifier.parameters()} | {id(model.label_attention.time_value)}
+    assert {peak_lr[i] for i in encoder} == {0.5}
+    assert {peak_lr[i] for i in wide} == {20.0}  # the wide path's own multiplier, not the head's
+    assert {peak_lr[i] for i in head} == {6.0}
+
+
+@pytest.mark.parametrize("name", ["wide_lr_scale", "encoder_lr_scale", "head_lr_scale"])
+def test_a_negative_learning_rate_multiplier_is_refused(name):
+    from behrt_rope.training.config import TrainerConfig
+
+    with pytest.raises(ValueError, match="head_lr_scale must be >= 0"):
+        TrainerConfig(**{name: -1.0})

@@ -23,6 +23,11 @@ class TrainerConfig:
     encoder_lr_scale: float = 1.0
     """Learning-rate multiplier of the encoder (embeddings and blocks), e.g. 0.3 to fine-tune a pre-trained
     encoder more gently than the freshly initialised head."""
+    head_lr_scale: float = 1.0
+    """Learning-rate multiplier of every parameter outside the encoder and the wide path: the fine-tuning
+    head (classifier, age basis, label attention, label-code maps) or, in pre-training, the MLM head's
+    transform. Fine-tuning defaults to 3: the head's per-label weights start at zero and must grow to the
+    size of the effects they carry, while the pre-trained encoder over-fits patients at a higher rate."""
     weight_decay: float = 0.01
     """AdamW weight decay of linear layers' weight matrices (not of biases, norms or embedding tables)."""
     warmup_fraction: float = 0.1
@@ -74,3 +79,5 @@ class TrainerConfig:
             raise ValueError("checkpoint_every_n_steps and checkpoint_every_minutes must be >= 0")
         if self.early_stopping_patience < 0 or self.early_stopping_ratio < 0:
             raise ValueError("early_stopping_patience and early_stopping_ratio must be >= 0")
+        if min(self.wide_lr_scale, self.encoder_lr_scale, self.head_lr_scale) < 0:
+            raise ValueError("wide_lr_scale, encoder_lr_scale and head_lr_scale must be >= 0")

@@ -10,7 +10,11 @@ from behrt_rope.training.config import TrainerConfig
 
 
 def parameter_groups(
-    model: torch.nn.Module, weight_decay: float, lr: float = 1e-3, lr_scales: dict[str, float] | None = None
+    model: torch.nn.Module,
+    weight_decay: float,
+    lr: float = 1e-3,
+    lr_scales: dict[str, float] | None = None,
+    other_scale: float = 1.0,
 ) -> list[dict]:
     """Decay the weight matrices of linear layers (and those a module lists in ``DECAYED``) only; leave
     biases, LayerNorms, embedding tables (the code embedding doubles as the tied MLM decoder) and Time2Vec's
@@ -21,7 +25,8 @@ def parameter_groups(
 
     ``lr_scales`` maps a submodule name (e.g. ``"wide"``) to a learning-rate multiplier for its parameters:
     a zero-initialised linear readout of code counts needs weights of order 1, far beyond what Adam's
-    ~``lr``-sized steps reach in a few hundred steps at the encoder's rate.
+    ~``lr``-sized steps reach in a few hundred steps at the encoder's rate. Parameters under none of those
+    submodules get ``other_scale``.
 
     >>> groups = parameter_groups(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.LayerNorm(3)), 0.1)
     >>> [[tuple(p.shape) for p in g["params"]] for g in groups]
@@ -40,7 +45,7 @@ def parameter_groups(
     groups: dict[tuple[bool, float], list[torch.nn.Parameter]] = {}
     for param in model.parameters():  # each parameter once, even when shared (tied)
         if param.requires_grad:
-            key = (id(param) in linear_weights, scale_of.get(id(param), 1.0))
+            key = (id(param) in linear_weights, scale_of.get(id(param), other_scale))
             groups.setdefault(key, []).append(param)
     ordered = sorted(groups.items(), key=lambda item: (not item[0][0], item[0][1]))
     return [
@@ -68,7 +73,7 @@ def build_optimizer(
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """The optimizer and a per-step scheduler for ``total_steps`` optimizer steps."""
     scales = {"wide": cfg.wide_lr_scale, "encoder": cfg.encoder_lr_scale}
-    groups = parameter_groups(model, cfg.weight_decay, cfg.learning_rate, scales)
+    groups = parameter_groups(model, cfg.weight_decay, cfg.learning_rate, scales, cfg.head_lr_scale)
     optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate)
     warmup = max(1, int(cfg.warmup_fraction * total_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
