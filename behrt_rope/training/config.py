@@ -26,8 +26,9 @@ class TrainerConfig:
     head_lr_scale: float = 1.0
     """Learning-rate multiplier of every parameter outside the encoder and the wide path: the fine-tuning
     head (classifier, age basis, label attention, label-code maps) or, in pre-training, the MLM head's
-    transform. Fine-tuning defaults to 3: the head's per-label weights start at zero and must grow to the
-    size of the effects they carry, while the pre-trained encoder over-fits patients at a higher rate."""
+    transform. E.g. 3 in fine-tuning lets the head's per-label weights grow to the size of the effects they
+    carry before the pre-trained encoder starts fitting patients: better on short, sparse histories, worse
+    on a clinical cohort at the default density (docs/benchmarks.md, "Nineteenth round")."""
     weight_decay: float = 0.01
     """AdamW weight decay of linear layers' weight matrices (not of biases, norms or embedding tables)."""
     warmup_fraction: float = 0.1
