@@ -272,6 +272,19 @@ class BehrtForMultiLabel(nn.Module):
         if score_at is None:
             raise ValueError("visit pooling needs score_at: the [SEP] positions to score")
         hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, visit_causal=True, sex=sex)
+        return self.visit_head_logits(hidden, token_ids, ages, visit_index, score_at)
+
+    def visit_head_logits(
+        self,
+        hidden: torch.Tensor,
+        token_ids: torch.Tensor,
+        ages: torch.Tensor,
+        visit_index: torch.Tensor,
+        score_at: torch.Tensor,
+    ) -> torch.Tensor:
+        """The deep part's ``(N, L)`` logits from the ``(B, T, H)`` states of a visit-causal encoder pass
+        (visit pooling): everything :meth:`deep_logits` does after the encoder, so that a head can be scored or
+        trained on states computed once (e.g. ``benchmarks/head_refit.py``)."""
         features = self._visit_features(hidden, ages, score_at)  # (N, P)
         vectors = None
         if self.label_codes is not None and self.classifier_tie is not None:
