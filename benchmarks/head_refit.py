@@ -31,7 +31,6 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -41,7 +40,7 @@ from behrt_rope.data.batching import model_inputs  # noqa: E402
 from behrt_rope.data.datasets import labelled_dataset  # noqa: E402
 from behrt_rope.data.labels import TaskConfig, build_samples, label_index  # noqa: E402
 from behrt_rope.data.sequences import Sequences, load_tokens  # noqa: E402
-from behrt_rope.model.heads import BehrtForMultiLabel  # noqa: E402
+from behrt_rope.model.heads import BehrtForMultiLabel, multilabel_loss  # noqa: E402
 from behrt_rope.training.bundle import load_bundle  # noqa: E402
 from behrt_rope.training.inference import multilabel_model  # noqa: E402
 from behrt_rope.training.tasks import macro_average_precision  # noqa: E402
@@ -88,21 +87,23 @@ def head_logits(model: BehrtForMultiLabel, batch: CachedBatch) -> torch.Tensor:
     return model.visit_head_logits(batch.hidden, x["token_ids"], x["ages"], x["visit_index"], batch.score_at)
 
 
-def tuning_scores(model: BehrtForMultiLabel, batches: list[CachedBatch]) -> dict[str, float]:
-    """Macro AP of the deep part and of the model (the deep part mixed with the saved path) on ``batches``."""
+def split_scores(model: BehrtForMultiLabel, batches: list[CachedBatch], with_model: bool = True) -> dict[str, float]:
+    """Macro AP of the deep part on ``batches`` and, with ``with_model``, of the model (the deep part mixed with
+    the saved path)."""
     model.eval()
     with torch.no_grad():
         deep = torch.cat([head_logits(model, b) for b in batches]).float()
     y = torch.cat([b.targets for b in batches]).numpy()
     result = {"deep": round(macro_average_precision(y, deep.numpy()), 4)}
-    if model.sparse_time is not None:
+    if with_model and model.sparse_time is not None:
         path = torch.cat([b.path for b in batches if b.path is not None])
         result["model"] = round(macro_average_precision(y, model.mix_logits(deep, path).numpy()), 4)
     return result
 
 
 def head_optimizer(model: BehrtForMultiLabel, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW over the head (not the encoder, not the sparse time path); decay on :data:`DECAYED` only."""
+    """AdamW over the head (not the encoder, not the sparse time path); decay on :data:`DECAYED` only. Sets
+    ``requires_grad`` off on the encoder's parameters, so a backward pass stops at the cached states."""
     for param in model.encoder.parameters():
         param.requires_grad_(False)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad and not n.startswith("sparse_time")]
@@ -110,6 +111,18 @@ def head_optimizer(model: BehrtForMultiLabel, lr: float, weight_decay: float) ->
     others = [p for n, p in named if n not in DECAYED]
     groups = [{"params": decayed, "weight_decay": weight_decay}, {"params": others, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr)
+
+
+def train_pass(
+    model: BehrtForMultiLabel, optimizer: torch.optim.Optimizer, batches: list[CachedBatch], order: np.ndarray
+) -> None:
+    """One pass of the head over ``batches`` in ``order``, dropout on, with the fine-tuning loss."""
+    model.train()
+    for i in order:
+        loss = multilabel_loss(head_logits(model, batches[i]), batches[i].targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
 
 
 def main() -> None:
@@ -134,17 +147,13 @@ def main() -> None:
     tuning = cache_states(model, seqs.split(S.TUNING), label_of_token, batch_size=256)
 
     def scores(epoch: int) -> dict[str, float]:
-        return {"epoch": epoch, **tuning_scores(model, tuning), "train_deep": tuning_scores(model, train)["deep"]}
+        train_deep = split_scores(model, train, with_model=False)["deep"]
+        return {"epoch": epoch, **split_scores(model, tuning), "train_deep": train_deep}
 
     passes = [scores(0)]  # the saved head: the baseline
     optimizer = head_optimizer(model, args.lr, args.weight_decay)
     for epoch in range(1, args.epochs + 1):
-        model.train()
-        for i in rng.permutation(len(train)):
-            loss = F.binary_cross_entropy_with_logits(head_logits(model, train[i]).float(), train[i].targets.float())
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        train_pass(model, optimizer, train, rng.permutation(len(train)))
         passes.append(scores(epoch))
         print(json.dumps(passes[-1]), flush=True)
     best = max(passes, key=lambda p: p["deep"])
