@@ -9,6 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from behrt_rope.model.config import ModelConfig
+from behrt_rope.model.encoder import rope_tables
 from behrt_rope.model.rope import (
     apply_rope,
     rope_angles,
@@ -224,3 +226,26 @@ def test_matches_hugging_face_roformer_rotation() -> None:
     positions = torch.arange(T, dtype=torch.float32).expand(B, T)  # (B, T)
     torch.testing.assert_close(rope(q, positions), hf_q, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(rope(k, positions), hf_k, atol=1e-5, rtol=1e-5)
+
+
+def test_mixed_heads_each_rotate_by_their_own_source() -> None:
+    """With ``model.age_heads``, a visit head's score between two tokens depends only on the visits between
+    them and an age head's only on the days between them: shifting either source leaves every score alone,
+    and widening one gap moves only the heads that rotate by it."""
+    config = ModelConfig(vocab_size=20, hidden_size=32, num_heads=4, age_heads=2)
+    q, k = random_x(7, (2, 1, 4, 2, 8)).unbind(0)  # (B, heads, T, d), 2 visit heads then 2 age heads
+
+    def scores(visits: list[float], ages: list[float]) -> torch.Tensor:
+        positions, age = torch.tensor([visits]), torch.tensor([ages], dtype=torch.float64)
+        cos, sin = rope_tables(config, positions, age, num_heads=4, age_heads=2)
+        return (apply_rope(q, cos, sin)[0, :, 1] * apply_rope(k, cos, sin)[0, :, 0]).sum(-1)  # (heads,)
+
+    base = scores([0.0, 3.0], [50.0, 52.5])
+    assert torch.allclose(scores([5.0, 8.0], [50.0, 52.5]), base, atol=1e-4)  # visits shifted
+    assert torch.allclose(scores([0.0, 3.0], [61.0, 63.5]), base, atol=1e-4)  # ages shifted by 11 years
+    wider_visits = scores([0.0, 4.0], [50.0, 52.5])
+    assert torch.allclose(wider_visits[2:], base[2:], atol=1e-4)
+    assert (wider_visits[:2] - base[:2]).abs().min() > 1e-3
+    wider_days = scores([0.0, 3.0], [50.0, 52.6])
+    assert torch.allclose(wider_days[:2], base[:2], atol=1e-4)
+    assert (wider_days[2:] - base[2:]).abs().min() > 1e-3

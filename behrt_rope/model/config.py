@@ -46,10 +46,11 @@ class ModelConfig:
     """RoPE frequency base: theta_i = base^(-2(i-1)/d)."""
     rope_age_scale: float = 1.0
     """With position_source=age, position = age in years times this (e.g. 12 for months)."""
-    age_heads: int = 0
+    age_heads: int = 2
     """Attention heads (the last ones of each layer) whose RoPE position is the age in days, while the others
     use position_source: one layer then sees both visits-since and days-since. 0: every head uses
-    position_source."""
+    position_source. 2 of the 4 since session 22 (docs/benchmarks.md, "Twenty-first round"); it must not
+    exceed num_heads."""
     max_positions: int = 512
     """Size of the sinusoidal table for position_encoding=absolute."""
     layer_norm_eps: float = 1e-12
@@ -109,7 +110,10 @@ class ModelConfig:
         if (self.hidden_size // self.num_heads) % 2:
             raise ValueError("the head size (hidden_size / num_heads) must be even for rotary embedding")
         if not 0 <= self.age_heads <= self.num_heads:
-            raise ValueError(f"age_heads must lie in [0, num_heads={self.num_heads}], got {self.age_heads}")
+            raise ValueError(
+                f"model.age_heads (heads rotated by the age in days) must lie in [0, num_heads={self.num_heads}], "
+                f"got {self.age_heads}; with fewer heads set model.age_heads too"
+            )
         if self.age_basis < 0:
             raise ValueError(f"age_basis must be >= 0, got {self.age_basis}")
         if self.label_attention_heads < 0:
