@@ -212,8 +212,9 @@ def measure(
     return result
 
 
-def _profile(step: Any, batches: list[dict[str, Any]], cuda: bool) -> list[str]:
-    """The ten operators with the most self time over ``batches``."""
+def _profile(step: Any, batches: list[dict[str, Any]], cuda: bool) -> dict[str, list[str]]:
+    """The ten operators with the most self time over ``batches`` (CPU time; on CUDA also device time), and
+    on CUDA the per-step count of kernel launches and host syncs, which bound a small model's step there."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -221,12 +222,21 @@ def _profile(step: Any, batches: list[dict[str, Any]], cuda: bool) -> list[str]:
     with torch_profile(activities=activities) as prof:
         for batch in batches:
             step(batch)
-    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:10]
-    return [
-        f"{e.key}: {getattr(e, key) / 1000 / len(batches):.2f} ms/step ({e.count // len(batches)} calls)"
-        for e in events
-    ]
+    averages, n = prof.key_averages(), len(batches)
+
+    def top(key: str) -> list[str]:
+        events = sorted(averages, key=lambda e: getattr(e, key), reverse=True)[:10]
+        return [f"{e.key}: {getattr(e, key) / 1000 / n:.2f} ms/step ({e.count // n} calls)" for e in events]
+
+    out = {"self_cpu": top("self_cpu_time_total")}
+    if cuda:
+        out["self_cuda"] = top("self_device_time_total")
+        counts = {e.key: e.count // n for e in averages}
+        out["per_step"] = [
+            f"{name}: {counts.get(name, 0)}"
+            for name in ("cudaLaunchKernel", "cudaStreamSynchronize", "cudaMemcpyAsync", "aten::item", "aten::nonzero")
+        ]
+    return out
 
 
 def _max_rss_mb() -> float:
