@@ -15,6 +15,7 @@ import torch
 
 from behrt_rope.cli import main
 from behrt_rope.data.sequences import load_tokens
+from behrt_rope.model.attention import SelfAttention, key_padding_mask
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.scoring.scorer import Scorer
@@ -98,3 +99,21 @@ def test_a_model_scored_on_the_gpu_can_still_be_changed(etl: Path) -> None:
     assert not any(t.is_inference() for t in [*model.parameters(), *model.buffers()])
     model.sparse_time.set_share(0.3)
     assert float(model.sparse_time.share) == pytest.approx(0.3)
+
+
+def test_attention_on_the_gpu_does_not_take_cudnn_s_per_shape_plans() -> None:
+    """Training brings a new padded length almost every batch; cuDNN's SDPA builds a plan for each (about
+    130 ms a step on an H200), so the model's attention runs on the other backends there."""
+    attention = SelfAttention(ModelConfig(vocab_size=10, hidden_size=32, num_heads=4)).to(CUDA).train()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profile:
+        for length in (7, 13, 29):  # new shapes, padded keys masked as in training
+            x = torch.randn(2, length, 32, device=CUDA, requires_grad=True)
+            mask = key_padding_mask(
+                torch.arange(length, device=CUDA)[None] < torch.tensor([[length], [3]], device=CUDA)
+            )
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                attention(x, attn_mask=mask).float().sum().backward()
+    names = [event.key for event in profile.key_averages()]
+    assert not [name for name in names if "cudnn_attention" in name]
+    assert [name for name in names if "efficient_attention" in name or "flash_attention" in name]

@@ -5,9 +5,27 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.rope import rotate
+
+CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""SDPA backends allowed on CUDA: all but cuDNN's. cuDNN builds an execution plan for every new input shape
+(about 50 ms for a forward, 130 ms for a training step of the default model on an H200), and length-bucketed
+batches bring a new length almost every step: with it a training step took 130-160 ms instead of 10-45 ms
+(docs/benchmarks.md, "Training on a GPU")."""
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, dropout_p: float
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` of ``(B, nh, T, d)`` queries, keys and values; on CUDA without the
+    cuDNN backend (:data:`CUDA_SDPA_BACKENDS`), elsewhere as torch chooses."""
+    if q.is_cuda:
+        with sdpa_kernel(CUDA_SDPA_BACKENDS):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
 
 
 def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -105,6 +123,6 @@ class SelfAttention(nn.Module):
         v = v.transpose(1, 2)  # (B, nh, T, d)
         # Dropout on the attention weights only while training: any p > 0 sends CPU to the slow math path.
         dropout_p = self.attention_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)  # (B, nh, T, d)
+        y = attend(q, k, v, attn_mask, dropout_p)  # (B, nh, T, d)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, H): heads side by side again
         return self.resid_drop(self.proj(y))
