@@ -3,7 +3,7 @@
     python benchmarks/quality.py [--cohorts default short_sparse long_dense] [--patients 8000]
                                  [--split 0.5 0.05 0.45]
                                  [--work DIR] [--oracle-replicas 300] [--markdown FILE] [--with-wide]
-                                 [--record-oracle-particles 1000] [--task 12m]
+                                 [--record-oracle-particles 1000] [--task 12m] [--seed-offset 7000]
                                  [-- extra overrides for pretrain and finetune, e.g. trainer.max_epochs=2]
 
 For each cohort: ``behrt-rope synth`` (with ``oracle=true``) -> ``etl`` -> ``pretrain`` -> ``finetune
@@ -38,6 +38,9 @@ The cohorts differ in structure, and their seeds are ones the defaults were neve
   three times as many labels, most of them with few positives.
 * ``recurrence_long_dense``: the same family over a 17-year window at twice the visit rate: about 270 tokens
   per patient, and a quarter of the histories longer than ``etl.max_seq_len`` (512).
+
+``--seed-offset N`` adds N to every seed: the same shapes drawn afresh (new catalogues for the recurrence family),
+cohorts that neither the defaults nor earlier runs of this benchmark have seen.
 """
 
 from __future__ import annotations
@@ -100,6 +103,19 @@ COHORTS: dict[str, list[str]] = {
 PREDICTORS = ("model", *REFERENCE_NAMES, "oracle")
 
 
+def cohort_args(name: str, seed_offset: int = 0) -> list[str]:
+    """``behrt-rope synth`` arguments of cohort ``name``, its seed moved by ``seed_offset``: the same shape
+    drawn afresh (for the recurrence family a new catalogue too), a cohort no setting was ever tuned on.
+
+    >>> cohort_args("recurrence", 7000)
+    ['--seed', '10031', 'synth.process=recurrence']
+    """
+    args = list(COHORTS[name])
+    seed = args.index("--seed") + 1
+    args[seed] = str(int(args[seed]) + seed_offset)
+    return args
+
+
 def stage(command: str, *args: str) -> dict[str, float]:
     """Run ``behrt-rope COMMAND ARGS`` in a child process; its CPU and wall seconds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -123,8 +139,10 @@ def run_cohort(
     split: tuple[float, float, float] = (0.8, 0.1, 0.1),
     record_particles: int = 0,
     task: str = "next_visit",
+    seed_offset: int = 0,
 ) -> dict[str, Any]:
-    """Every stage on one cohort; the figures of its evaluation and the cost of each stage. With
+    """Every stage on one cohort (its seed moved by ``seed_offset``, see :func:`cohort_args`); the figures of
+    its evaluation and the cost of each stage. With
     ``record_particles`` (clinical cohorts) also the record oracle of the held-out patients. The oracles give
     next-visit probabilities, so a ``6m`` or ``12m`` ``task`` is measured against the references only."""
     d = {s: work / name / s for s in ("cohort", "etl", "pretrain", "finetune", "evaluate")}
@@ -137,7 +155,7 @@ def run_cohort(
             str(d["cohort"]),
             "--patients",
             str(patients),
-            *COHORTS[name],
+            *cohort_args(name, seed_offset),
             *(["oracle=true", f"oracle_replicas={replicas}"] if oracle else []),
         ),
         "etl": stage(
@@ -401,6 +419,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure against the record oracle of the held-out patients (clinical cohorts) with this "
         "many copies per patient (1000: about a quarter of a core-second per patient); 0: off",
     )
+    parser.add_argument(
+        "--seed-offset",
+        type=int,
+        default=0,
+        help="add this to every cohort's seed: the same shapes drawn afresh, cohorts never seen before (>= 0)",
+    )
     parser.add_argument("--work", type=Path, default=None, help="keep every stage's output here")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the docs table here")
     parser.add_argument(
@@ -408,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("extra", nargs="*", help="overrides passed to pretrain and finetune")
     args = parser.parse_args(argv)
+    if args.seed_offset < 0:
+        parser.error(f"--seed-offset must be >= 0, got {args.seed_offset}")
     with tempfile.TemporaryDirectory(prefix="behrt_quality_") as tmp:
         work = args.work or Path(tmp)
         results: dict[str, Any] = {
@@ -418,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
             "task": args.task,
             "split": args.split,
             "overrides": args.extra,
+            "seed_offset": args.seed_offset,
             "cohorts": {},
         }
         for name in args.cohorts:
@@ -432,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                 tuple(args.split),
                 args.record_oracle_particles,
                 args.task,
+                args.seed_offset,
             )
     print(json.dumps(results, indent=2))
     if args.markdown:

@@ -4,10 +4,12 @@ already on file and on new onsets (``benchmarks/quality.py``; the benchmark itse
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from behrt_rope import schema as S
 from behrt_rope.cli import main
-from benchmarks.quality import PREDICTORS, markdown, write_record_oracle
+from benchmarks.quality import COHORTS, PREDICTORS, cohort_args, markdown, write_record_oracle
+from benchmarks.quality import main as quality_main
 
 
 def _entry(share: float, on_file: float | None, new: float | None) -> dict:
@@ -106,3 +108,19 @@ def test_record_oracle_is_written_for_the_held_out_patients_beside_the_state_ora
     cuts = state[state[S.PATIENT_ID].isin(set(record[S.PATIENT_ID]))][key].drop_duplicates()
     cuts = cuts.sort_values(key, ignore_index=True)
     pd.testing.assert_frame_equal(record[key].drop_duplicates().sort_values(key, ignore_index=True), cuts)
+
+
+def test_a_seed_offset_draws_every_cohort_afresh_and_keeps_its_shape():
+    for name, args in COHORTS.items():
+        moved = cohort_args(name, 7000)
+        seed = args.index("--seed") + 1
+        assert int(moved[seed]) == int(args[seed]) + 7000
+        assert moved[:seed] + moved[seed + 1 :] == args[:seed] + args[seed + 1 :]  # the same shape
+        assert cohort_args(name) == args
+    assert COHORTS["recurrence"] == ["--seed", "3031", "synth.process=recurrence"]  # the table is not changed
+
+
+def test_a_negative_seed_offset_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        quality_main(["--seed-offset", "-1"])
+    assert "--seed-offset must be >= 0, got -1" in capsys.readouterr().err
