@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -13,7 +15,7 @@ from behrt_rope.model.rope import rotate
 CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """SDPA backends allowed on CUDA: all but cuDNN's. cuDNN builds an execution plan for every new input shape
 (about 50 ms for a forward, 130 ms for a training step of the default model on an H200), and length-bucketed
-batches bring a new length almost every step: with it a training step took 130-160 ms instead of 10-45 ms
+batches bring a new length almost every step: with it a training step took 130-160 ms instead of 10-47 ms
 (docs/benchmarks.md, "Training on a GPU")."""
 
 
@@ -22,10 +24,8 @@ def attend(
 ) -> torch.Tensor:
     """``scaled_dot_product_attention`` of ``(B, nh, T, d)`` queries, keys and values; on CUDA without the
     cuDNN backend (:data:`CUDA_SDPA_BACKENDS`), elsewhere as torch chooses."""
-    if q.is_cuda:
-        with sdpa_kernel(CUDA_SDPA_BACKENDS):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    with sdpa_kernel(CUDA_SDPA_BACKENDS) if q.is_cuda else nullcontext():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
 
 
 def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:

@@ -65,28 +65,14 @@ def score_parts(
     """:func:`score` for several ``parts`` in one pass: ``{part: (N, L) float32 probabilities}``. The encoder
     runs once per batch whatever the parts (the model's logit is the mix of the deep part's and the path's,
     as in :meth:`BehrtForMultiLabel.forward`). Leaves ``model`` on ``device``, in eval mode, its tensors
-    ordinary ones: it is moved before inference mode starts, so that it can still be changed afterwards
-    (e.g. ``finetune`` setting the path's share on a model it just scored on the GPU)."""
+    ordinary ones: it is moved outside inference mode (which covers only the forward passes), so that it
+    can still be changed afterwards (e.g. ``finetune`` setting the path's share on a model it just scored
+    on the GPU)."""
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise ValueError(f"part must be one of {PARTS}, got {unknown[0]!r}")
     device = device or torch.device("cpu")
     model = model.to(device).eval()  # no dropout; a model straight from training is in train mode
-    with torch.inference_mode():
-        return _score_parts(model, seqs, rows, cuts, batch_size, device, progress, parts)
-
-
-def _score_parts(
-    model: BehrtForMultiLabel,
-    seqs: Sequences,
-    rows: np.ndarray | None,
-    cuts: np.ndarray | None,
-    batch_size: int,
-    device: torch.device,
-    progress: bool,
-    parts: tuple[Part, ...],
-) -> dict[Part, np.ndarray]:
-    """:func:`score_parts` once ``model`` is on ``device``; runs under inference mode."""
     rows = np.arange(len(seqs)) if rows is None else np.asarray(rows, dtype=np.int64)
     cuts = seqs.lengths[rows] if cuts is None else np.asarray(cuts, dtype=np.int64)
     dataset, collate = labelled_dataset(seqs, rows, cuts, None, None, model.pooling)
@@ -96,7 +82,7 @@ def _score_parts(
     for start in tqdm(range(0, len(order), batch_size), desc="scoring", disable=not progress, unit="batch"):
         index = order[start : start + batch_size]
         batch = {k: v.to(device) for k, v in collate([dataset[int(i)] for i in index]).items()}
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             logits = _part_logits(model, parts, batch)
         ids = _sample_ids(dataset, index)
         for part in parts:
