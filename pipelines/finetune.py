@@ -39,6 +39,7 @@ from behrt_rope.training.bundle import load_bundle, save_bundle, task_state_dict
 from behrt_rope.training.checkpoints import load_task_weights
 from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.loaders import make_loader, padding_report
+from behrt_rope.training.soup import TopChecksSoup
 from behrt_rope.training.sparse_time_fit import fit_path, set_path_share
 from behrt_rope.training.tasks import MultiLabelTask
 from behrt_rope.training.trainer import build_trainer, resume_path
@@ -78,6 +79,11 @@ class Config:
     its time and memory (its features take 24 bytes per sample and label); the deep part trains on all of
     them. Evaluate's references use the same cap. 50,000 against every sample (up to 135,000): level tuning
     macro AP of the model, a 5-13x shorter fit (docs/benchmarks.md, "Seventeenth round")."""
+    checkpoint_soup: int = 3
+    """Average the weights of this many best tuning checks (a uniform soup, ``training.soup``) and keep the
+    average when its tuning macro AP is at least the best check's; 1: the best check alone. Off with
+    ``trainer.ema_decay`` (the checks are already averages) and without a tuning split. The checkpoints
+    carry the kept checks' weights (k copies of the model) so that a resumed run soups over all of them."""
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     """Without --pretrained, the whole model; with it, only the head's settings (label_attention_heads,
@@ -159,7 +165,10 @@ def run(config: Config) -> Path:
             fit_path(task.model, train_seqs, fit_samples, label_of_token, y, config.sparse_time_c)
         train_loader = make_loader(train.dataset, tc, train.collate, True)
         val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
-        trainer = build_trainer(tc, out, "val/macro_ap" if val_loader is not None else None, "max", train_loader)
+        soup = _soup_callback(config, val_loader is not None)
+        trainer = build_trainer(
+            tc, out, "val/macro_ap" if val_loader is not None else None, "max", train_loader, [soup] if soup else None
+        )
         started = time.perf_counter()
         trainer.fit(task, train_loader, val_loader, ckpt_path=resume_path(config.resume, out))
         seconds = time.perf_counter() - started
@@ -167,6 +176,9 @@ def run(config: Config) -> Path:
         if best:
             task = new_task()
             load_task_weights(task, best)
+        soup_report: dict[str, dict] = {}
+        if soup is not None and val_loader is not None and len(soup.checks) > 1:
+            task, soup_report = _try_soup(soup, new_task, trainer, val_loader)
         shares = {}
         if task.model.sparse_time is not None:
             share, device = config.sparse_time_share, trainer.strategy.root_device
@@ -188,6 +200,7 @@ def run(config: Config) -> Path:
                 "steps": trainer.global_step,
                 "train_seconds": round(seconds, 1),
                 "best_checkpoint": best,
+                **soup_report,
                 **shares,
                 "pretrained": config.pretrained or None,
                 **padding_report(train.dataset, tc),
@@ -215,6 +228,46 @@ def run(config: Config) -> Path:
             )
             log.info("finetune: tuning macro AP %.4f over %d labels", metrics["tuning_macro_ap"], len(label_ids))
     return out_dir
+
+
+def _soup_callback(config: Config, has_tuning: bool) -> TopChecksSoup | None:
+    """The callback that keeps the best checks' weights, or None when no soup is made."""
+    if config.checkpoint_soup < 1:
+        raise UserError(f"checkpoint_soup must be >= 1 (1: the best check alone), got {config.checkpoint_soup}")
+    if config.checkpoint_soup == 1 or not has_tuning:
+        return None
+    if config.trainer.ema_decay > 0:
+        log.info("finetune: no checkpoint soup with trainer.ema_decay (each check is already an average)")
+        return None
+    return TopChecksSoup(config.checkpoint_soup, monitor="val/macro_ap", mode="max")
+
+
+def _try_soup(
+    soup: TopChecksSoup,
+    new_task: Callable[[], MultiLabelTask],
+    trainer: pl.Trainer,
+    val_loader: torch.utils.data.DataLoader,
+) -> tuple[MultiLabelTask, dict]:
+    """Validate the soup of the kept checks; returns it when its tuning macro AP is at least the best
+    check's (else the best check, rebuilt from its kept weights), and a ``checkpoint_soup`` report."""
+    candidate = new_task()
+    candidate.load_state_dict(soup.soup())
+    score = float(trainer.validate(candidate, val_loader, verbose=False)[0]["val/macro_ap"])
+    best_score = soup.checks[0][0]
+    kept = score >= best_score
+    epochs = [epoch + 1 for epoch in soup.epochs]
+    log.info(
+        "finetune: soup of epochs %s: tuning macro AP %.4f against %.4f for the best epoch alone; %s",
+        epochs,
+        score,
+        best_score,
+        "kept" if kept else "not kept",
+    )
+    if not kept:
+        candidate = new_task()
+        candidate.load_state_dict(soup.checks[0][2])
+    report = {"epochs": epochs, "tuning_macro_ap": round(score, 5), "best_epoch_macro_ap": round(best_score, 5)}
+    return candidate, {"checkpoint_soup": {**report, "kept": kept}}
 
 
 def _no_labels_message(config: Config, seqs: Sequences, train_seqs: Sequences, samples: Samples, min_count: int) -> str:

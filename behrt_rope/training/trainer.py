@@ -88,11 +88,13 @@ def build_trainer(
     monitor: str | None,
     mode: str,
     train_loader: torch.utils.data.DataLoader | None = None,
+    extra_callbacks: list[pl.Callback] | None = None,
 ) -> pl.Trainer:
     """Checkpoints ``checkpoints/best.ckpt`` (by ``monitor``) and ``checkpoints/last.ckpt`` (at epoch ends
     and every N steps or minutes), saved atomically and loaded without unpickling code. With the
     ``train_loader`` (batched by a :class:`BucketBatchSampler`), checkpoints also carry what an exact
-    mid-epoch resume needs (:class:`~behrt_rope.training.checkpoints.ExactResume`)."""
+    mid-epoch resume needs (:class:`~behrt_rope.training.checkpoints.ExactResume`). ``extra_callbacks`` join
+    the trainer's own (e.g. fine-tuning's :class:`~behrt_rope.training.soup.TopChecksSoup`)."""
     checkpoint = ModelCheckpoint(
         dirpath=out_dir / S.CHECKPOINT_DIR,
         filename=Path(S.BEST_CHECKPOINT).stem,
@@ -102,7 +104,7 @@ def build_trainer(
         save_top_k=1,
         enable_version_counter=False,
     )
-    callbacks: list[pl.Callback] = [checkpoint, LearningRateMonitor(logging_interval="step")]
+    callbacks: list[pl.Callback] = [checkpoint, LearningRateMonitor(logging_interval="step"), *(extra_callbacks or [])]
     periodic = periodic_checkpoint(cfg, out_dir)
     if periodic is not None:
         callbacks.append(periodic)
