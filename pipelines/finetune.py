@@ -45,6 +45,8 @@ from behrt_rope.training.tasks import MultiLabelTask
 from behrt_rope.training.trainer import build_trainer, resume_path
 
 log = logging.getLogger("behrt_rope.finetune")
+MONITORS = {"loss": ("val/loss", "min"), "macro_ap": ("val/macro_ap", "max")}
+"""``select_by`` -> (logged metric, better direction)."""
 RUN_FIELDS = (*HEAD_FIELDS, "dropout", "attention_dropout")
 """``model.*`` settings taken from the fine-tuning run even when the encoder comes pre-trained."""
 
@@ -79,9 +81,16 @@ class Config:
     its time and memory (its features take 24 bytes per sample and label); the deep part trains on all of
     them. Evaluate's references use the same cap. 50,000 against every sample (up to 135,000): level tuning
     macro AP of the model, a 5-13x shorter fit (docs/benchmarks.md, "Seventeenth round")."""
+    select_by: Literal["loss", "macro_ap"] = "loss"
+    """What picks the best tuning check (the checkpoint kept, the checks of the soup, early stopping): the tuning
+    split's BCE loss or its macro AP. The loss averages over every sample and label and is the less noisy of the
+    two on small tuning splits: chosen on a quarter of a tuning split and scored on the rest, checks picked by
+    loss scored higher macro AP than checks picked by macro AP itself (docs/benchmarks.md, "Twenty-third
+    round")."""
     checkpoint_soup: int = 3
     """Average the weights of this many best tuning checks (a uniform soup, ``training.soup``) and keep the
-    average when its tuning macro AP is at least the best check's; 1: the best check alone. Off with
+    average when it scores at least as well on the tuning split as the best check (by ``select_by``); 1: the
+    best check alone. Off with
     ``trainer.ema_decay`` (the checks are already averages) and without a tuning split. The checkpoints
     carry the kept checks' weights (k copies of the model) so that a resumed run soups over all of them."""
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -95,10 +104,11 @@ class Config:
         )
     )
     """Fine-tuning defaults: up to 20 epochs at a peak learning rate of 3e-3, and the checkpoint with the best
-    tuning macro AP. A run stops once it has gone twice as far as its best epoch and at least 5 epochs past
-    it: on every default run we have the tuning curve of, that rule keeps the same best epoch as 20 epochs,
-    and saves about half the time where the curve peaks early (large label spaces, short histories); a fixed
-    patience fired on noise on small tuning splits (docs/benchmarks.md "Quality", fifteenth round)."""
+    tuning value (``select_by``). A run stops once it has gone twice as far as its best epoch and at least 5
+    epochs past it: on every default run we had the tuning macro AP curve of, that rule kept the same best
+    epoch as 20 epochs, and saved about half the time where the curve peaks early (large label spaces, short
+    histories); a fixed patience fired on noise on small tuning splits (docs/benchmarks.md "Quality",
+    fifteenth round)."""
 
 
 @dataclass
@@ -165,9 +175,10 @@ def run(config: Config) -> Path:
             fit_path(task.model, train_seqs, fit_samples, label_of_token, y, config.sparse_time_c)
         train_loader = make_loader(train.dataset, tc, train.collate, True)
         val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
+        monitor, mode = MONITORS[config.select_by]
         soup = _soup_callback(config, val_loader is not None)
         trainer = build_trainer(
-            tc, out, "val/macro_ap" if val_loader is not None else None, "max", train_loader, [soup] if soup else None
+            tc, out, monitor if val_loader is not None else None, mode, train_loader, [soup] if soup else None
         )
         started = time.perf_counter()
         trainer.fit(task, train_loader, val_loader, ckpt_path=resume_path(config.resume, out))
@@ -239,7 +250,8 @@ def _soup_callback(config: Config, has_tuning: bool) -> TopChecksSoup | None:
     if config.trainer.ema_decay > 0:
         log.info("finetune: no checkpoint soup with trainer.ema_decay (each check is already an average)")
         return None
-    return TopChecksSoup(config.checkpoint_soup, monitor="val/macro_ap", mode="max")
+    monitor, mode = MONITORS[config.select_by]
+    return TopChecksSoup(config.checkpoint_soup, monitor=monitor, mode=mode)
 
 
 def _try_soup(
@@ -248,17 +260,18 @@ def _try_soup(
     trainer: pl.Trainer,
     val_loader: torch.utils.data.DataLoader,
 ) -> tuple[MultiLabelTask, dict]:
-    """Validate the soup of the kept checks; returns it when its tuning macro AP is at least the best
-    check's (else the best check, rebuilt from its kept weights), and a ``checkpoint_soup`` report."""
+    """Validate the soup of the kept checks; returns it when it scores at least as well as the best check by
+    the soup's monitor (else the best check, rebuilt from its kept weights), and a ``checkpoint_soup`` report."""
     candidate = new_task()
     candidate.load_state_dict(soup.soup())
-    score = float(trainer.validate(candidate, val_loader, verbose=False)[0]["val/macro_ap"])
+    score = float(trainer.validate(candidate, val_loader, verbose=False)[0][soup.monitor])
     best_score = soup.checks[0][0]
-    kept = score >= best_score
+    kept = score >= best_score if soup.mode == "max" else score <= best_score
     epochs = [epoch + 1 for epoch in soup.epochs]
     log.info(
-        "finetune: soup of epochs %s: tuning macro AP %.4f against %.4f for the best epoch alone; %s",
+        "finetune: soup of epochs %s: tuning %s %.4f against %.4f for the best epoch alone; %s",
         epochs,
+        soup.monitor,
         score,
         best_score,
         "kept" if kept else "not kept",
@@ -266,7 +279,7 @@ def _try_soup(
     if not kept:
         candidate = new_task()
         candidate.load_state_dict(soup.checks[0][2])
-    report = {"epochs": epochs, "tuning_macro_ap": round(score, 5), "best_epoch_macro_ap": round(best_score, 5)}
+    report = {"epochs": epochs, "monitor": soup.monitor, "soup": round(score, 5), "best_epoch": round(best_score, 5)}
     return candidate, {"checkpoint_soup": {**report, "kept": kept}}
 
 

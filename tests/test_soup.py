@@ -18,48 +18,53 @@ from pipelines.finetune import _try_soup
 from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, build_etl, error_line, read_metrics
 
 
-@pytest.fixture(scope="module")
-def soup_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["loss", "macro_ap"])
+def soup_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("soup")
     etl = build_etl(root, patients=120)
     out = root / "ft"
     argv = ["finetune", "--data", str(etl), "--out", str(out), "--max-epochs", "4", "task.min_label_count=2"]
     overrides = ["checkpoint_soup=2", "trainer.learning_rate=0.01", "trainer.early_stopping_patience=0"]
-    assert main([*argv, *TINY_MODEL, *FAST_TRAINER, *overrides]) == 0
-    return out
+    assert main([*argv, *TINY_MODEL, *FAST_TRAINER, *overrides, f"select_by={request.param}"]) == 0
+    return out, request.param
 
 
-def _tuning_curve(out: Path) -> list[tuple[int, float]]:
-    """(epoch, val/macro_ap) of every check logged while fitting (the final validation has no epoch row)."""
+def _tuning_curve(out: Path, metric: str) -> list[tuple[int, float]]:
+    """(epoch, metric) of every check logged while fitting (the final validations have no epoch row)."""
     with open(out / "logs" / "metrics.csv") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("val/macro_ap")]
-    return [(int(r["epoch"]), float(r["val/macro_ap"])) for r in rows]
+        rows = [r for r in csv.DictReader(f) if r.get(metric)]
+    return [(int(r["epoch"]), float(r[metric])) for r in rows]
 
 
-def test_the_soup_averages_the_best_checks_and_the_model_is_what_tuning_chose(soup_run: Path) -> None:
-    report = read_metrics(soup_run)["checkpoint_soup"]
-    curve = _tuning_curve(soup_run)[:4]  # the 4 epochs' checks; later rows are the soup's and final validations
-    best_two = sorted(curve, key=lambda c: -c[1])[:2]
+def test_the_soup_averages_the_best_checks_and_the_model_is_what_tuning_chose(soup_run: tuple[Path, str]) -> None:
+    out, select_by = soup_run
+    report = read_metrics(out)["checkpoint_soup"]
+    metric = {"loss": "val/loss", "macro_ap": "val/macro_ap"}[select_by]
+    assert report["monitor"] == metric
+    curve = _tuning_curve(out, metric)[:4]  # the 4 epochs' checks; later rows are the soup's and final validations
+    best_two = sorted(curve, key=lambda c: c[1] if select_by == "loss" else -c[1])[:2]
     assert report["epochs"] == [epoch + 1 for epoch, _ in best_two]
-    assert report["best_epoch_macro_ap"] == pytest.approx(best_two[0][1], abs=1e-5)
-    state = load_checkpoint(soup_run / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT)["callbacks"]["TopChecksSoup"]
+    assert report["best_epoch"] == pytest.approx(best_two[0][1], abs=1e-5)
+    state = load_checkpoint(out / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT)["callbacks"]["TopChecksSoup"]
     checks = state["checks"]
     assert [c["epoch"] for c in checks] == [epoch for epoch, _ in best_two], "the checkpoint carries the checks"
     expected = average_states([c["state"] for c in checks]) if report["kept"] else checks[0]["state"]
-    saved = safetensors.torch.load_file(str(soup_run / S.MODEL_WEIGHTS_FILE))
+    saved = safetensors.torch.load_file(str(out / S.MODEL_WEIGHTS_FILE))
     name = "classifier.weight"
     torch.testing.assert_close(saved[name], expected[f"model.{name}"])
-    assert report["kept"] == (report["tuning_macro_ap"] >= report["best_epoch_macro_ap"])
+    better = report["soup"] <= report["best_epoch"] if select_by == "loss" else report["soup"] >= report["best_epoch"]
+    assert report["kept"] == better
 
 
-def test_the_kept_checks_differ_so_the_soup_is_not_one_of_them(soup_run: Path) -> None:
-    checks = load_checkpoint(soup_run / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT)["callbacks"]["TopChecksSoup"]["checks"]
+def test_the_kept_checks_differ_so_the_soup_is_not_one_of_them(soup_run: tuple[Path, str]) -> None:
+    out, _ = soup_run
+    checks = load_checkpoint(out / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT)["callbacks"]["TopChecksSoup"]["checks"]
     a, b = (c["state"]["model.classifier.weight"] for c in checks)
     assert not torch.allclose(a, b)
 
 
-def _checks(scores: list[float]) -> TopChecksSoup:
-    soup = TopChecksSoup(2)
+def _checks(scores: list[float], monitor: str = "val/macro_ap", mode: str = "max") -> TopChecksSoup:
+    soup = TopChecksSoup(2, monitor, mode)
     soup.checks = [
         (s, i, {"weight": torch.full((2, 3), float(i)), "bias": torch.zeros(2)}) for i, s in enumerate(scores)
     ]
@@ -69,11 +74,19 @@ def _checks(scores: list[float]) -> TopChecksSoup:
 @pytest.mark.parametrize(("soup_score", "kept"), [(0.51, True), (0.50, True), (0.49, False)])
 def test_the_soup_is_kept_only_when_tuning_is_at_least_the_best_check(soup_score: float, kept: bool) -> None:
     soup = _checks([0.50, 0.45])
-    trainer = SimpleNamespace(validate=lambda *a, **k: [{"val/macro_ap": soup_score}])
+    trainer = SimpleNamespace(validate=lambda *a, **k: [{"val/macro_ap": soup_score, "val/loss": 9.0}])
     model, report = _try_soup(soup, lambda: torch.nn.Linear(3, 2), trainer, None)  # type: ignore[arg-type]
     assert report["checkpoint_soup"]["kept"] is kept
     assert report["checkpoint_soup"]["epochs"] == [1, 2]
     assert torch.equal(model.weight, torch.full((2, 3), 0.5 if kept else 0.0))
+
+
+@pytest.mark.parametrize(("soup_loss", "kept"), [(0.29, True), (0.30, True), (0.31, False)])
+def test_by_loss_the_soup_is_kept_only_when_its_loss_is_at_most_the_best_checks(soup_loss: float, kept: bool) -> None:
+    soup = _checks([0.30, 0.35], monitor="val/loss", mode="min")
+    trainer = SimpleNamespace(validate=lambda *a, **k: [{"val/macro_ap": 0.0, "val/loss": soup_loss}])
+    _, report = _try_soup(soup, lambda: torch.nn.Linear(3, 2), trainer, None)  # type: ignore[arg-type]
+    assert report["checkpoint_soup"]["kept"] is kept and report["checkpoint_soup"]["monitor"] == "val/loss"
 
 
 def test_the_callback_keeps_the_k_best_and_survives_a_checkpoint_round_trip() -> None:
@@ -125,3 +138,14 @@ def test_a_soup_size_below_one_is_a_clear_error(tmp_path: Path, capsys: pytest.C
     ]
     assert main(argv) != 0
     assert "checkpoint_soup must be >= 1" in error_line(capsys.readouterr().err)
+
+
+def test_by_loss_the_callback_keeps_the_lowest() -> None:
+    soup = TopChecksSoup(2, monitor="val/loss", mode="min")
+    for epoch, loss in enumerate([0.5, 0.3, 0.4, 0.6]):
+        metrics = {"val/loss": torch.tensor(loss)}
+        trainer = SimpleNamespace(
+            state=SimpleNamespace(fn="fit"), sanity_checking=False, callback_metrics=metrics, current_epoch=epoch
+        )
+        soup.on_validation_end(trainer, torch.nn.Linear(1, 1))  # type: ignore[arg-type]
+    assert soup.epochs == [1, 2]

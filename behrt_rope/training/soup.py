@@ -1,10 +1,11 @@
 """A uniform weight soup of the best validation checks: one model, the average of the k best epochs' weights.
 
-Fine-tuning picks the epoch with the best tuning macro AP. On a small tuning split that pick is noisy and
-the epochs around it are about as good, so averaging their *weights* (a "model soup", Wortsman et al. 2022;
-the epochs share one run, hence one basin) gives a model at least as good at no extra scoring cost.
-:class:`TopChecksSoup` keeps CPU copies of the weights at the ``k`` best checks; ``finetune`` validates their
-average and keeps it only when its tuning macro AP is at least the best single check's.
+Fine-tuning picks the epoch with the best tuning value (``finetune``'s ``select_by``: loss by default). On a
+small tuning split that pick is noisy and the epochs around it are about as good, so averaging their *weights*
+(a "model soup", Wortsman et al. 2022; the epochs share one run, hence one basin) gives one model, at no extra
+scoring cost, that is usually better than any of them. :class:`TopChecksSoup` keeps CPU copies of the weights
+at the ``k`` best checks; ``finetune`` validates their average and keeps it only when it scores at least as
+well as the best single check.
 
 Integer buffers (label-code ids) are taken from the best check, not averaged; the frozen sparse time path's
 float buffers are equal in every check, so their average is themselves.
