@@ -90,9 +90,9 @@ class Config:
     checkpoint_soup: int = 3
     """Average the weights of this many best tuning checks (a uniform soup, ``training.soup``) and keep the
     average when it scores at least as well on the tuning split as the best check (by ``select_by``); 1: the
-    best check alone. Off with
-    ``trainer.ema_decay`` (the checks are already averages) and without a tuning split. The checkpoints
-    carry the kept checks' weights (k copies of the model) so that a resumed run soups over all of them."""
+    best check alone. Off with ``trainer.ema_decay`` (the checks are already averages) and without a tuning
+    split. The checkpoints carry the kept checks' weights (k copies of the model) so that a resumed run soups
+    over all of them."""
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     """Without --pretrained, the whole model; with it, only the head's settings (label_attention_heads,
