@@ -176,7 +176,7 @@ def run(config: Config) -> Path:
         train_loader = make_loader(train.dataset, tc, train.collate, True)
         val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
         monitor, mode = MONITORS[config.select_by]
-        soup = _soup_callback(config, val_loader is not None)
+        soup = _soup_callback(config, val_loader is not None, monitor, mode)
         trainer = build_trainer(
             tc, out, monitor if val_loader is not None else None, mode, train_loader, [soup] if soup else None
         )
@@ -241,7 +241,7 @@ def run(config: Config) -> Path:
     return out_dir
 
 
-def _soup_callback(config: Config, has_tuning: bool) -> TopChecksSoup | None:
+def _soup_callback(config: Config, has_tuning: bool, monitor: str, mode: str) -> TopChecksSoup | None:
     """The callback that keeps the best checks' weights, or None when no soup is made."""
     if config.checkpoint_soup < 1:
         raise UserError(f"checkpoint_soup must be >= 1 (1: the best check alone), got {config.checkpoint_soup}")
@@ -250,7 +250,6 @@ def _soup_callback(config: Config, has_tuning: bool) -> TopChecksSoup | None:
     if config.trainer.ema_decay > 0:
         log.info("finetune: no checkpoint soup with trainer.ema_decay (each check is already an average)")
         return None
-    monitor, mode = MONITORS[config.select_by]
     return TopChecksSoup(config.checkpoint_soup, monitor=monitor, mode=mode)
 
 
