@@ -265,7 +265,7 @@ def _try_soup(
     candidate.load_state_dict(soup.soup())
     score = float(trainer.validate(candidate, val_loader, verbose=False)[0][soup.monitor])
     best_score = soup.checks[0][0]
-    kept = score >= best_score if soup.mode == "max" else score <= best_score
+    kept = soup.no_worse_than_best(score)
     epochs = [epoch + 1 for epoch in soup.epochs]
     log.info(
         "finetune: soup of epochs %s: tuning %s %.4f against %.4f for the best epoch alone; %s",

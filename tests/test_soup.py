@@ -14,7 +14,7 @@ from behrt_rope import schema as S
 from behrt_rope.cli import main
 from behrt_rope.training.checkpoints import load_checkpoint
 from behrt_rope.training.soup import TopChecksSoup, average_states
-from pipelines.finetune import _try_soup
+from pipelines.finetune import MONITORS, _try_soup
 from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, build_etl, error_line, read_metrics
 
 
@@ -39,7 +39,7 @@ def _tuning_curve(out: Path, metric: str) -> list[tuple[int, float]]:
 def test_the_soup_averages_the_best_checks_and_the_model_is_what_tuning_chose(soup_run: tuple[Path, str]) -> None:
     out, select_by = soup_run
     report = read_metrics(out)["checkpoint_soup"]
-    metric = {"loss": "val/loss", "macro_ap": "val/macro_ap"}[select_by]
+    metric = MONITORS[select_by][0]
     assert report["monitor"] == metric
     curve = _tuning_curve(out, metric)[:4]  # the 4 epochs' checks; later rows are the soup's and final validations
     best_two = sorted(curve, key=lambda c: c[1] if select_by == "loss" else -c[1])[:2]

@@ -76,6 +76,11 @@ class TopChecksSoup(pl.Callback):
         self.checks.sort(key=lambda check: check[0], reverse=self.mode == "max")
         del self.checks[self.k :]
 
+    def no_worse_than_best(self, score: float) -> bool:
+        """Whether ``score`` (of the same monitor) is at least as good as the best kept check's, by ``mode``."""
+        best = self.checks[0][0]
+        return score >= best if self.mode == "max" else score <= best
+
     def soup(self) -> State:
         """The average of the kept checks' weights (the task's state-dict keys)."""
         return average_states([state for _, _, state in self.checks])
