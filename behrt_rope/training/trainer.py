@@ -22,8 +22,29 @@ from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.early_stopping import GrowingPatienceEarlyStopping
 
 log = logging.getLogger(__name__)
-# ExactResume restores the sampler's position itself; Lightning cannot see that and warns on every resume
-warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
+
+
+class _DropAdvertisement(logging.Filter):
+    """Drops Lightning's tip that advertises its hosted experiment logger on every ``Trainer``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+_ADVERTISEMENT_FILTER = _DropAdvertisement()
+
+
+def silence_lightning_noise() -> None:
+    """Hide what Lightning prints on every run that a user of ours can do nothing about; idempotent.
+
+    - ExactResume restores the sampler's position itself; Lightning cannot see that and warns on every resume.
+    - Lightning's own use of a torch API that newer torch deprecates (``LeafSpec``) warns on every fit.
+    - The tip advertising Lightning's hosted logger, logged on every ``Trainer``.
+    """
+    warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
+    warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
+    for name in ("pytorch_lightning.utilities.rank_zero", "lightning_fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_ADVERTISEMENT_FILTER)  # a filter already there is not added twice
 
 
 def resolve_precision(cfg: TrainerConfig) -> str:
@@ -95,6 +116,7 @@ def build_trainer(
     ``train_loader`` (batched by a :class:`BucketBatchSampler`), checkpoints also carry what an exact
     mid-epoch resume needs (:class:`~behrt_rope.training.checkpoints.ExactResume`). ``extra_callbacks`` join
     the trainer's own (e.g. fine-tuning's :class:`~behrt_rope.training.soup.TopChecksSoup`)."""
+    silence_lightning_noise()
     checkpoint = ModelCheckpoint(
         dirpath=out_dir / S.CHECKPOINT_DIR,
         filename=Path(S.BEST_CHECKPOINT).stem,
