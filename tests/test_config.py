@@ -25,6 +25,19 @@ def test_an_override_keeps_the_rest_of_the_sections_defaults():
     assert _build(pretrain, "trainer.progress_bar=false").trainer.max_epochs == pretrain.Config().trainer.max_epochs
 
 
+@pytest.mark.parametrize(
+    ("preset", "module"),
+    [("configs/pretrain/laptop.yaml", pretrain), ("configs/finetune/next_visit.yaml", finetune)],
+)
+def test_presets_that_spell_out_the_defaults_still_equal_them(preset, module):
+    """These two presets say they are the defaults spelled out: a changed default must change them too."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / preset
+    assert path.read_text().startswith("# The defaults, spelled out")
+    assert config_lib.build(module.Config, config_lib.load_yaml(path)) == module.Config()
+
+
 def test_help_shows_the_sections_real_defaults():
     lines = config_lib.describe(finetune.Config)
     epochs = next(line for line in lines if line.strip().startswith("trainer.max_epochs ="))
