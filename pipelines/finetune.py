@@ -172,7 +172,7 @@ def run(config: Config) -> Path:
         if task.model.sparse_time is not None:
             keep = subsample_index(len(train.y), config.sparse_time_max_samples, tc.seed)
             fit_samples, y = train_samples.take(keep), train.y[keep]
-            fit_path(task.model, train_seqs, fit_samples, label_of_token, y, config.sparse_time_c)
+            fit_path(task.model, train_seqs, fit_samples, label_of_token, y, config.sparse_time_c, tc.progress_bar)
         train_loader = make_loader(train.dataset, tc, train.collate, True)
         val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
         monitor, mode = MONITORS[config.select_by]

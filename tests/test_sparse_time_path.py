@@ -21,6 +21,7 @@ from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.model.sparse_time_path import SparseTimePath, shared_columns
 from behrt_rope.training.bundle import ADDED_LATER
 from behrt_rope.training.inference import _sample_ids, score, score_parts
+from behrt_rope.training.sparse_time_fit import fit_path
 from tests.conftest import write_visits
 
 # Gaps that sit exactly on the bin edges (days since: 30, 90, 365, 1,095; first record: 2,922 days = 8
@@ -89,6 +90,24 @@ def test_fitted_path_gives_the_references_logits_inside_the_model(tmp_path):
         assert {"sparse_time.own_weight", "sparse_time.shared_weight", "sparse_time.bias"} <= set(model.state_dict())
         assert not any(name.startswith("sparse_time") for name, _ in model.named_parameters())
     np.testing.assert_allclose(path_logits, fit.logits(features), rtol=1e-4, atol=1e-4)
+
+
+def test_fit_path_shows_its_progress_bar_only_when_asked(tmp_path, capfd):
+    """``finetune`` passes ``trainer.progress_bar``: a run with bars off writes no bar to its log."""
+    seqs, samples, label_ids, label_of_token = _cohort(tmp_path, n_patients=40, seed=2)
+    y = targets(seqs, samples, label_of_token)
+    config = ModelConfig(vocab_size=int(label_ids.max()) + 2, hidden_size=16, num_heads=2, intermediate_size=16)
+    config.sparse_time, config.label_attention_heads = True, 0
+    fitted = []
+    for progress in (False, True):
+        model = BehrtForMultiLabel(config, len(label_ids), label_token_ids=label_ids.tolist())
+        fit_path(model, seqs, samples, label_of_token, y, c=1.0, progress=progress)
+        shown = "sparse time regression" in capfd.readouterr().err
+        assert shown is progress
+        assert model.sparse_time is not None
+        fitted.append(model.sparse_time.own_weight.clone())
+    torch.testing.assert_close(fitted[0], fitted[1])  # the bar changes nothing else
+    assert fitted[0].abs().sum() > 0
 
 
 def _path_args(batch):

@@ -29,12 +29,19 @@ SHARE_GRID = (0.25, 0.4, 0.5, 0.6, 0.75)
 
 
 def fit_path(
-    model: BehrtForMultiLabel, seqs: Sequences, samples: Samples, label_of_token: np.ndarray, y: np.ndarray, c: float
+    model: BehrtForMultiLabel,
+    seqs: Sequences,
+    samples: Samples,
+    label_of_token: np.ndarray,
+    y: np.ndarray,
+    c: float,
+    progress: bool = True,
 ) -> None:
-    """Fit the path's regression on ``samples`` of ``seqs`` (``y`` ``(N, L)`` their targets) and load it."""
+    """Fit the path's regression on ``samples`` of ``seqs`` (``y`` ``(N, L)`` their targets) and load it; a
+    progress bar over the labels unless ``progress`` is false (``trainer.progress_bar``)."""
     assert model.sparse_time is not None
     started = time.perf_counter()
-    fit = fit_sparse_time(time_features(seqs, samples, label_of_token), y, c, progress=True)
+    fit = fit_sparse_time(time_features(seqs, samples, label_of_token), y, c, progress=progress)
     model.sparse_time.load_fit(
         torch.from_numpy(fit.own_weight), torch.from_numpy(fit.shared_weight), torch.from_numpy(fit.bias)
     )
