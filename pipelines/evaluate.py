@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +44,7 @@ from behrt_rope.evaluation import meds_predictions
 from behrt_rope.evaluation.baseline import (
     age_features,
     bag_of_codes,
+    choose_c,
     fit_predict_baseline,
     fit_predict_gbm,
     sex_features,
@@ -94,8 +96,10 @@ class Config:
     """Samples per forward pass."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to run the model."""
-    baseline_c: float = 1.0
-    """Inverse L2 strength of the logistic-regression baseline."""
+    baseline_c: float | None = None
+    """Inverse L2 strength of the logistic-regression baselines. Unset (the default): each regression picks
+    its own from ``C_GRID`` (0.01-1) by macro AP on the tuning split's samples (C=1 when that split has none);
+    ``metrics.json`` ``baseline_c`` records the choice. A number fixes it for both."""
     baseline_max_train_samples: int = 50_000
     """Fit the reference models on at most this many train samples (a seeded subsample), to bound their time."""
     gradient_boosting: bool = True
@@ -155,7 +159,8 @@ def run(config: Config) -> Path:
         parts: tuple[Part, ...] = ("model", "deep") if model.sparse_time is not None else ("model",)
         scored = score_parts(model, held, samples.rows, samples.cuts, config.batch_size, device, config.progress, parts)
         probs = scored["model"]
-        references = _references(seqs.split(S.TRAIN), held, samples, task, label_of_token, config)
+        splits = References(seqs.split(S.TRAIN), seqs.split(S.TUNING), held, samples, task, label_of_token)
+        references, baseline_c = _references(splits, config)
         if "deep" in scored:
             references[DEEP_PART] = scored["deep"]
         labels = bundle["labels"]
@@ -181,6 +186,7 @@ def run(config: Config) -> Path:
                 "ceiling": ceilings.get("ceiling"),
                 "ceiling_record": ceilings.get("ceiling_record"),
                 "pretrain": pretrain,
+                "baseline_c": baseline_c,
             },
         )
         primary = GBM if GBM in reference_evals else LOGISTIC
@@ -196,7 +202,7 @@ def run(config: Config) -> Path:
             record_ceiling=ceilings.get("ceiling_record"),
             n_patients=len(np.unique(samples.rows)),
             pretrain_metrics=pretrain,
-            run_info=_run_info(config, bundle, task),
+            run_info=_run_info(config, bundle, task, baseline_c),
             notes=[config.notes] if config.notes else (),
             code_descriptions=descriptions.load(config.data) or None,
         )
@@ -230,44 +236,76 @@ def _train_samples(train: Sequences, task: TaskConfig, config: Config) -> Sample
     return samples.take(subsample_index(len(samples), config.baseline_max_train_samples, config.seed))
 
 
-def _references(
-    train: Sequences,
-    held: Sequences,
-    samples: Samples,
-    task: TaskConfig,
-    label_of_token: np.ndarray,
+@dataclass(frozen=True)
+class References:
+    """What the reference models are fitted on (train), tuned on (tuning) and scored on (the held-out
+    ``samples`` of ``held``), for ``task`` and its label columns (``label_of_token``)."""
+
+    train: Sequences
+    tuning: Sequences
+    held: Sequences
+    samples: Samples
+    task: TaskConfig
+    label_of_token: np.ndarray
+
+
+Features = Callable[[Sequences, Samples, int], tuple[sp.csr_matrix, np.ndarray]]
+
+
+def _fit_logistic(
+    name: str, features: Features, train_samples: Samples, data: References, config: Config
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """A bag-of-codes regression (its columns from ``features``) fitted on ``train_samples``: (N, L) held-out
+    probabilities, and its C with how it was chosen (``Config.baseline_c``)."""
+    vocab_size = len(data.label_of_token)
+    x_train, dense_train = features(data.train, train_samples, vocab_size)
+    y_train = targets(data.train, train_samples, data.label_of_token)
+    c, choice = _logistic_c(name, features, (x_train, dense_train, y_train), data, config)
+    x_eval, dense_eval = features(data.held, data.samples, vocab_size)
+    probs = fit_predict_baseline(
+        x_train, y_train, x_eval, C=c, seed=config.seed, extra_train=dense_train, extra_eval=dense_eval
+    )
+    return probs, choice
+
+
+def _logistic_c(
+    name: str,
+    features: Features,
+    train: tuple[sp.csr_matrix, np.ndarray, np.ndarray],
+    data: References,
     config: Config,
-) -> dict[str, np.ndarray]:
-    """(N, L) held-out probabilities of each reference model, fitted on the same train samples."""
+) -> tuple[float, dict[str, Any]]:
+    """``Config.baseline_c`` when set, else the best of ``C_GRID`` on the tuning split's samples."""
+    if config.baseline_c is not None:
+        return config.baseline_c, {"c": config.baseline_c, "chosen_on": "fixed (baseline_c)"}
+    tuning_samples = build_samples(data.tuning, data.task)
+    if len(tuning_samples) == 0:
+        log.warning("evaluate: no tuning samples to choose the %s's C; using C=1", REFERENCE_NAMES[name])
+        return 1.0, {"c": 1.0, "chosen_on": "default (no tuning samples)"}
+    x_train, dense_train, y_train = train
+    x_tune, dense_tune = features(data.tuning, tuning_samples, len(data.label_of_token))
+    y_tune = targets(data.tuning, tuning_samples, data.label_of_token)
+    c, by_c = choose_c(
+        x_train, y_train, x_tune, y_tune, seed=config.seed, extra_train=dense_train, extra_tune=dense_tune
+    )
+    log.info("evaluate: %s C=%g, chosen on %d tuning samples", REFERENCE_NAMES[name], c, len(tuning_samples))
+    return c, {"c": c, "chosen_on": "tuning split", "tuning_macro_ap": {str(k): v for k, v in by_c.items()}}
+
+
+def _references(data: References, config: Config) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(N, L) held-out probabilities of each reference model, fitted on the same train samples, and the
+    logistic regressions' C."""
+    train, held, samples, task, label_of_token = data.train, data.held, data.samples, data.task, data.label_of_token
     train_samples = _train_samples(train, task, config)
     y_train = targets(train, train_samples, label_of_token)
     log.info("evaluate: fitting the logistic regression on %d train samples", len(train_samples))
-    vocab_size = len(label_of_token)
-    x_train, dense_train = _bag(train, train_samples, vocab_size)
-    x_eval, dense_eval = _bag(held, samples, vocab_size)
-    out = {
-        LOGISTIC: fit_predict_baseline(
-            x_train,
-            y_train,
-            x_eval,
-            C=config.baseline_c,
-            seed=config.seed,
-            extra_train=dense_train,
-            extra_eval=dense_eval,
-        )
-    }
+    out: dict[str, np.ndarray] = {}
+    baseline_c: dict[str, Any] = {}
+    out[LOGISTIC], baseline_c[LOGISTIC] = _fit_logistic(LOGISTIC, _bag, train_samples, data, config)
     one_cut = one_cut_samples(train, task, config.seed)
     log.info("evaluate: fitting the one-cut logistic regression on %d train samples", len(one_cut))
-    x_one, dense_one = _presence(train, one_cut, vocab_size)
-    x_eval_one, dense_eval_one = _presence(held, samples, vocab_size)
-    out[LOGISTIC_ONE_CUT] = fit_predict_baseline(
-        x_one,
-        targets(train, one_cut, label_of_token),
-        x_eval_one,
-        C=config.baseline_c,
-        seed=config.seed,
-        extra_train=dense_one,
-        extra_eval=dense_eval_one,
+    out[LOGISTIC_ONE_CUT], baseline_c[LOGISTIC_ONE_CUT] = _fit_logistic(
+        LOGISTIC_ONE_CUT, _presence, one_cut, data, config
     )
     if config.gradient_boosting or config.sparse_time_regression:
         train_times = time_features(train, train_samples, label_of_token)
@@ -280,7 +318,7 @@ def _references(
         out[SPARSE_TIME] = fit_predict_sparse_time(
             train_times, y_train, eval_times, c=config.sparse_time_c, progress=config.progress
         )
-    return out
+    return out, baseline_c
 
 
 def _ceiling(
@@ -363,7 +401,7 @@ def _pretrain_metrics(bundle: dict[str, Any]) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path is not None and path.exists() else None
 
 
-def _run_info(config: Config, bundle: dict[str, Any], task: TaskConfig) -> dict[str, Any]:
+def _run_info(config: Config, bundle: dict[str, Any], task: TaskConfig, baseline_c: dict[str, Any]) -> dict[str, Any]:
     mc = bundle["model_config"]
     return {
         "model directory": config.model,
@@ -373,7 +411,8 @@ def _run_info(config: Config, bundle: dict[str, Any], task: TaskConfig) -> dict[
         f"positions {mc.position_encoding}/{mc.position_source}",
         "pre-trained": bundle.get("pretrained") or "no (trained from scratch)",
         "label codes": len(bundle["labels"]),
-        "logistic regression": f"bag-of-codes log-counts + age (C={config.baseline_c})",
+        "logistic regression": f"bag-of-codes log-counts + age, sex (C={baseline_c[LOGISTIC]['c']:g}, "
+        f"{baseline_c[LOGISTIC]['chosen_on']})",
         "gradient boosting": "time features per label code (ever, visits with it, visits and days since, "
         "years since first, in the last visit) + every code ever + age, visits, days since the previous visit"
         if config.gradient_boosting

@@ -11,6 +11,7 @@ import torch
 
 from behrt_rope import schema as S
 from behrt_rope.cli import main
+from behrt_rope.evaluation.baseline import C_GRID
 from behrt_rope.evaluation.ceiling import format_share
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.sparse_time_fit import SHARE_GRID
@@ -70,9 +71,15 @@ def test_evaluate_writes_metrics_and_a_readable_report(visits_run):
         assert side["new_onset"] is not None
     assert metrics["ceiling"] is None  # no oracle given
     assert metrics["pretrain"]["mlm_loss"] > 0
+    for name in ("logistic_regression", "logistic_regression_one_cut"):  # each regression's C, from the tuning split
+        choice = metrics["baseline_c"][name]
+        assert choice["chosen_on"] == "tuning split" and choice["c"] in C_GRID
+        by_c = {float(c): ap for c, ap in choice["tuning_macro_ap"].items()}
+        assert list(by_c) == list(C_GRID) and by_c[choice["c"]] == max(by_c.values())
     html = (d["eval"] / S.REPORT_FILE).read_text()
     assert "data:image/png;base64," in html and 'src="http' not in html
     assert "Bag-of-codes logistic regression" in html and "New-onset metrics" in html
+    assert f"C={metrics['baseline_c']['logistic_regression']['c']:g}, tuning split" in html
     assert "Gradient boosting on time features" in html and "Against the reference models" in html
     assert f"{metrics['model']['overall']['macro_ap']:.3f}" in html  # the headline number is the one computed
     assert (d["eval"] / S.PLOTS_DIR).is_dir()

@@ -26,6 +26,12 @@ from tqdm.auto import tqdm
 
 from behrt_rope import schema
 from behrt_rope.evaluation.time_features import TimeFeatures
+from behrt_rope.training.tasks import macro_average_precision
+
+C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0)
+"""The logistic regression's inverse L2 strengths that :func:`choose_c` picks from on the tuning split. A
+fixed C=1 fits 64 or 92 codes as well as any, and over-fits hundreds of them: on a 1,000-code cohort it
+halved the regression's macro AP (docs/benchmarks.md, "Twenty-seventh round")."""
 
 
 def flatten_token_lists(token_ids: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -141,6 +147,34 @@ def fit_predict_baseline(
         )
         out[:, varying] = np.column_stack(columns)
     return out
+
+
+def choose_c(
+    X_train: sp.spmatrix | np.ndarray,
+    Y_train: np.ndarray,
+    X_tune: sp.spmatrix | np.ndarray,
+    Y_tune: np.ndarray,
+    grid: Sequence[float] = C_GRID,
+    seed: int = 0,
+    *,
+    extra_train: np.ndarray | None = None,
+    extra_tune: np.ndarray | None = None,
+) -> tuple[float, dict[float, float]]:
+    """The C of ``grid`` whose regression (:func:`fit_predict_baseline` on the train rows) has the best macro
+    AP on the tuning rows ``X_tune``/``Y_tune`` (N_tune, L), and that macro AP for every C. Ties go to the
+    smaller C (the stronger penalty)."""
+    if not len(grid):
+        raise ValueError("choose_c needs at least one C")
+    scores = {
+        float(c): macro_average_precision(
+            np.asarray(Y_tune),
+            fit_predict_baseline(
+                X_train, Y_train, X_tune, C=c, seed=seed, extra_train=extra_train, extra_eval=extra_tune
+            ),
+        )
+        for c in grid
+    }
+    return max(scores, key=lambda c: (scores[c], -c)), scores
 
 
 def _fit_gbm_one(X: np.ndarray, y: np.ndarray, X_eval: np.ndarray, params: Mapping[str, Any], seed: int) -> np.ndarray:
