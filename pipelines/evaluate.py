@@ -18,6 +18,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -248,18 +249,27 @@ class References:
     task: TaskConfig
     label_of_token: np.ndarray
 
+    @cached_property
+    def tuning_samples(self) -> Samples:
+        """The tuning split's samples of the task (built once, for both regressions' choice of C)."""
+        return build_samples(self.tuning, self.task)
+
+    @cached_property
+    def tuning_targets(self) -> np.ndarray:
+        """``(N_tune, L)`` 0/1 targets of :attr:`tuning_samples`."""
+        return targets(self.tuning, self.tuning_samples, self.label_of_token)
+
 
 Features = Callable[[Sequences, Samples, int], tuple[sp.csr_matrix, np.ndarray]]
 
 
 def _fit_logistic(
-    name: str, features: Features, train_samples: Samples, data: References, config: Config
+    name: str, features: Features, train_samples: Samples, y_train: np.ndarray, data: References, config: Config
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """A bag-of-codes regression (its columns from ``features``) fitted on ``train_samples``: (N, L) held-out
-    probabilities, and its C with how it was chosen (``Config.baseline_c``)."""
+    """A bag-of-codes regression (its columns from ``features``) fitted on ``train_samples`` (``y_train`` their
+    targets): (N, L) held-out probabilities, and its C with how it was chosen (``Config.baseline_c``)."""
     vocab_size = len(data.label_of_token)
     x_train, dense_train = features(data.train, train_samples, vocab_size)
-    y_train = targets(data.train, train_samples, data.label_of_token)
     c, choice = _logistic_c(name, features, (x_train, dense_train, y_train), data, config)
     x_eval, dense_eval = features(data.held, data.samples, vocab_size)
     probs = fit_predict_baseline(
@@ -278,15 +288,14 @@ def _logistic_c(
     """``Config.baseline_c`` when set, else the best of ``C_GRID`` on the tuning split's samples."""
     if config.baseline_c is not None:
         return config.baseline_c, {"c": config.baseline_c, "chosen_on": "fixed (baseline_c)"}
-    tuning_samples = build_samples(data.tuning, data.task)
+    tuning_samples = data.tuning_samples
     if len(tuning_samples) == 0:
         log.warning("evaluate: no tuning samples to choose the %s's C; using C=1", REFERENCE_NAMES[name])
         return 1.0, {"c": 1.0, "chosen_on": "default (no tuning samples)"}
     x_train, dense_train, y_train = train
     x_tune, dense_tune = features(data.tuning, tuning_samples, len(data.label_of_token))
-    y_tune = targets(data.tuning, tuning_samples, data.label_of_token)
     c, by_c = choose_c(
-        x_train, y_train, x_tune, y_tune, seed=config.seed, extra_train=dense_train, extra_tune=dense_tune
+        x_train, y_train, x_tune, data.tuning_targets, seed=config.seed, extra_train=dense_train, extra_tune=dense_tune
     )
     log.info("evaluate: %s C=%g, chosen on %d tuning samples", REFERENCE_NAMES[name], c, len(tuning_samples))
     return c, {"c": c, "chosen_on": "tuning split", "tuning_macro_ap": {str(k): v for k, v in by_c.items()}}
@@ -301,11 +310,11 @@ def _references(data: References, config: Config) -> tuple[dict[str, np.ndarray]
     log.info("evaluate: fitting the logistic regression on %d train samples", len(train_samples))
     out: dict[str, np.ndarray] = {}
     baseline_c: dict[str, Any] = {}
-    out[LOGISTIC], baseline_c[LOGISTIC] = _fit_logistic(LOGISTIC, _bag, train_samples, data, config)
+    out[LOGISTIC], baseline_c[LOGISTIC] = _fit_logistic(LOGISTIC, _bag, train_samples, y_train, data, config)
     one_cut = one_cut_samples(train, task, config.seed)
     log.info("evaluate: fitting the one-cut logistic regression on %d train samples", len(one_cut))
     out[LOGISTIC_ONE_CUT], baseline_c[LOGISTIC_ONE_CUT] = _fit_logistic(
-        LOGISTIC_ONE_CUT, _presence, one_cut, data, config
+        LOGISTIC_ONE_CUT, _presence, one_cut, targets(train, one_cut, label_of_token), data, config
     )
     if config.gradient_boosting or config.sparse_time_regression:
         train_times = time_features(train, train_samples, label_of_token)
