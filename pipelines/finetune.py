@@ -42,7 +42,7 @@ from behrt_rope.training.loaders import make_loader, padding_report
 from behrt_rope.training.soup import TopChecksSoup
 from behrt_rope.training.sparse_time_fit import fit_path, set_path_share
 from behrt_rope.training.tasks import MultiLabelTask
-from behrt_rope.training.trainer import build_trainer, resume_path
+from behrt_rope.training.trainer import build_trainer, resume_path, time_budget
 
 log = logging.getLogger("behrt_rope.finetune")
 MONITORS = {"loss": ("val/loss", "min"), "macro_ap": ("val/macro_ap", "max")}
@@ -100,7 +100,7 @@ class Config:
     encoder brings its own configuration, and a clashing model.* value is an error."""
     trainer: TrainerConfig = field(
         default_factory=lambda: TrainerConfig(
-            max_epochs=20, learning_rate=3e-3, early_stopping_patience=5, early_stopping_ratio=1.0
+            max_epochs=20, max_minutes=12.0, learning_rate=3e-3, early_stopping_patience=5, early_stopping_ratio=1.0
         )
     )
     """Fine-tuning defaults: up to 20 epochs at a peak learning rate of 3e-3, and the checkpoint with the best
@@ -108,7 +108,10 @@ class Config:
     epochs past it: on every default run we had the tuning macro AP curve of, that rule kept the same best
     epoch as 20 epochs, and saved about half the time where the curve peaks early (large label spaces, short
     histories); a fixed patience fired on noise on small tuning splits (docs/benchmarks.md "Quality",
-    fifteenth round)."""
+    fifteenth round). At most 12 minutes of wall-clock time from the start of the command (``max_minutes``;
+    ``training.time_budget``): where fewer epochs fit (a slow host, hundreds of labels), the schedule ends at
+    the last one that does, so that pre-training (2.5 minutes at most) and fine-tuning stay within 15
+    minutes; ``trainer.max_minutes=0`` lifts it."""
 
 
 @dataclass
@@ -124,6 +127,7 @@ class SplitData:
 
 def run(config: Config) -> Path:
     """Fine-tune; returns the output directory."""
+    stage_started = time.monotonic()  # the time budget (trainer.max_minutes) counts from here
     if not config.data or not config.out:
         raise UserError("finetune needs --data ETL_DIR and --out DIR")
     out_dir = Path(config.out)
@@ -177,8 +181,9 @@ def run(config: Config) -> Path:
         val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
         monitor, mode = MONITORS[config.select_by]
         soup = _soup_callback(config, val_loader is not None, monitor, mode)
+        budget = time_budget(tc, stage_started)
         trainer = build_trainer(
-            tc, out, monitor if val_loader is not None else None, mode, train_loader, [soup] if soup else None
+            tc, out, monitor if val_loader is not None else None, mode, train_loader, [c for c in (soup, budget) if c]
         )
         started = time.perf_counter()
         trainer.fit(task, train_loader, val_loader, ckpt_path=resume_path(config.resume, out))
@@ -210,6 +215,8 @@ def run(config: Config) -> Path:
                 "best_epoch": getattr(trainer.early_stopping_callback, "best_check", None),
                 "steps": trainer.global_step,
                 "train_seconds": round(seconds, 1),
+                "stage_seconds": round(time.monotonic() - stage_started, 1),
+                **(budget.report() if budget else {}),
                 "best_checkpoint": best,
                 **soup_report,
                 **shares,

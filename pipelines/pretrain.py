@@ -22,7 +22,7 @@ from behrt_rope.training.checkpoints import load_task_weights
 from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.loaders import make_loader, padding_report
 from behrt_rope.training.tasks import MaskedLMTask
-from behrt_rope.training.trainer import build_trainer, resume_path
+from behrt_rope.training.trainer import build_trainer, resume_path, time_budget
 
 log = logging.getLogger("behrt_rope.pretrain")
 
@@ -40,15 +40,18 @@ class Config:
     mask_prob: float = 0.15
     """Share of non-special tokens chosen for prediction (BEHRT: 0.15)."""
     model: ModelConfig = field(default_factory=ModelConfig)
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=4))
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=4, max_minutes=2.5))
     """Pre-training defaults: 4 passes over the train split at a peak learning rate of 1e-3. The fine-tuned
     model's tuning macro AP did not depend on the length between 4 and 24 epochs on any tuning cohort we
     measured, so the shortest leaves the most of the 15-minute budget to fine-tuning (docs/benchmarks.md,
-    "Quality", twenty-fifth and twenty-sixth rounds)."""
+    "Quality", twenty-fifth and twenty-sixth rounds). At most 2.5 minutes of wall-clock time (``max_minutes``,
+    ``training.time_budget``), the pre-training share of the 15-minute budget; ``trainer.max_minutes=0`` lifts
+    it."""
 
 
 def run(config: Config) -> Path:
     """Pre-train; returns the output directory."""
+    stage_started = time.monotonic()  # the time budget (trainer.max_minutes) counts from here
     if not config.data or not config.out:
         raise UserError("pretrain needs --data ETL_DIR and --out DIR")
     out_dir = Path(config.out)
@@ -74,7 +77,8 @@ def run(config: Config) -> Path:
         )
         task = MaskedLMTask(model_config, tc)
         monitor = "val/loss" if val_loader is not None else None
-        trainer = build_trainer(tc, out, monitor, "min", train_loader)
+        budget = time_budget(tc, stage_started)
+        trainer = build_trainer(tc, out, monitor, "min", train_loader, [budget] if budget else None)
         log.info("pretrain: %d train / %d tuning patients, vocabulary %d", len(train), len(tuning), len(vocab))
         started = time.perf_counter()
         trainer.fit(task, train_loader, val_loader, ckpt_path=resume_path(config.resume, out))
@@ -89,6 +93,8 @@ def run(config: Config) -> Path:
                 epochs=trainer.current_epoch,
                 steps=trainer.global_step,
                 train_seconds=round(seconds, 1),
+                stage_seconds=round(time.monotonic() - stage_started, 1),
+                **(budget.report() if budget else {}),
                 train_patients=len(train),
                 tuning_patients=len(tuning),
                 train_tokens_per_epoch=int(train_set.lengths.sum()),

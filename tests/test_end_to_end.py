@@ -91,6 +91,9 @@ def test_finetune_outputs_and_resume(visits_run):
     metrics = read_metrics(d["ft"])
     assert metrics["labels"] > 0 and metrics["train_samples"] > 0
     assert 1 <= metrics["best_epoch"] <= metrics["epochs"]  # the growing-patience early stopping is on by default
+    # the default 12-minute budget of the stage is recorded, and a tiny run is far inside it
+    assert metrics["time_budget_minutes"] == 12.0 and metrics["time_budget_stopped"] is False
+    assert metrics["time_budget_planned_epochs"] == 1 and 0 < metrics["train_seconds"] <= metrics["stage_seconds"]
     assert (d["ft"] / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT).exists()
     # the default model carries its fitted sparse time path: at least each label's rate, on the logit scale
     fitted = _sparse_time_buffers(d["ft"])

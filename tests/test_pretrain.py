@@ -125,6 +125,14 @@ def test_resume_last_continues_training(pretrained: Path, etl_dir: Path, tmp_pat
     assert metrics["steps"] == checkpoint_step(last) == 2 * steps_before
 
 
+def test_a_budget_too_short_for_a_second_epoch_stops_after_the_first(etl_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "budget"
+    assert main([*pretrain_argv(etl_dir, out, max_epochs=3), "--max-minutes", "0.0001"]) == 0
+    metrics = read_metrics(out)
+    assert metrics["epochs"] == 1 and metrics["time_budget_stopped"] is True
+    assert metrics["time_budget_minutes"] == 0.0001 and (out / S.MODEL_WEIGHTS_FILE).exists()
+
+
 def test_resume_from_a_missing_checkpoint_is_a_user_error(
     etl_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

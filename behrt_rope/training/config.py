@@ -14,6 +14,10 @@ class TrainerConfig:
     """Passes over the train split."""
     max_steps: int = -1
     """Stop after this many optimizer steps (-1: no limit)."""
+    max_minutes: float = 0.0
+    """Wall-clock budget of the stage in minutes, time before training included (0: none). When fewer than
+    ``max_epochs`` epochs fit, the learning-rate schedule is shortened to end at the last epoch that fits, and
+    the run stops there (``training.time_budget``); a budget that is not tight changes nothing."""
     batch_size: int = 32
     """Sequences (patients) per batch (per device)."""
     learning_rate: float = 1e-3
@@ -78,6 +82,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.checkpoint_every_n_steps < 0 or self.checkpoint_every_minutes < 0:
             raise ValueError("checkpoint_every_n_steps and checkpoint_every_minutes must be >= 0")
+        if self.max_minutes < 0:
+            raise ValueError(f"max_minutes must be >= 0 (0: no budget), got {self.max_minutes}")
         if self.early_stopping_patience < 0 or self.early_stopping_ratio < 0:
             raise ValueError("early_stopping_patience and early_stopping_ratio must be >= 0")
         if min(self.wide_lr_scale, self.encoder_lr_scale, self.head_lr_scale) < 0:

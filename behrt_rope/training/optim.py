@@ -68,6 +68,35 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
     return 1.0 - progress
 
 
+class WarmupDecay:
+    """The schedule as a ``LambdaLR`` multiplier whose length can be shortened while training runs.
+
+    A time budget (``training.time_budget``) that finds fewer epochs fit than ``max_epochs`` ends the decay at
+    the last epoch that fits, rather than stopping a run whose learning rate is still high. An object, not a
+    closure, so that ``LambdaLR.state_dict`` saves ``total`` and a resumed run keeps the shortened schedule.
+
+    >>> f = WarmupDecay(total=10, warmup=2, schedule="linear")
+    >>> f.shorten(6), [round(f(s), 2) for s in (2, 4, 6)]
+    (True, [1.0, 0.5, 0.0])
+    >>> f.shorten(8), f.total
+    (False, 6)
+    """
+
+    def __init__(self, total: int, warmup: int, schedule: str) -> None:
+        self.total, self.warmup, self.schedule = total, warmup, schedule
+
+    def __call__(self, step: int) -> float:
+        return lr_factor(step, self.total, self.warmup, self.schedule)
+
+    def shorten(self, total: int) -> bool:
+        """End the decay at optimizer step ``total`` if that is sooner than now; True when it changed."""
+        total = max(1, int(total))
+        if total >= self.total:
+            return False
+        self.total = total
+        return True
+
+
 def build_optimizer(
     model: torch.nn.Module, cfg: TrainerConfig, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
@@ -76,7 +105,5 @@ def build_optimizer(
     groups = parameter_groups(model, cfg.weight_decay, cfg.learning_rate, scales, cfg.head_lr_scale)
     optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate)
     warmup = max(1, int(cfg.warmup_fraction * total_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, total_steps, warmup, cfg.schedule)
-    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupDecay(total_steps, warmup, cfg.schedule))
     return optimizer, scheduler

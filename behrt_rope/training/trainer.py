@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +21,7 @@ from behrt_rope.errors import UserError
 from behrt_rope.training.checkpoints import ExactResume, SafeCheckpointIO
 from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.early_stopping import GrowingPatienceEarlyStopping
+from behrt_rope.training.time_budget import TimeBudget
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,14 @@ def weight_average(cfg: TrainerConfig) -> pl.Callback | None:
     from torch.optim.swa_utils import get_ema_avg_fn
 
     return WeightAveraging(use_buffers=False, avg_fn=get_ema_avg_fn(cfg.ema_decay))
+
+
+def time_budget(cfg: TrainerConfig, stage_started: float) -> TimeBudget | None:
+    """The stage's :class:`TimeBudget` (None without ``max_minutes``); ``stage_started`` is the
+    ``time.monotonic()`` at which the stage began, so the time before training counts against the budget."""
+    if cfg.max_minutes <= 0:
+        return None
+    return TimeBudget(cfg.max_minutes, spent_seconds=time.monotonic() - stage_started)
 
 
 def build_trainer(
