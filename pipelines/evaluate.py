@@ -43,9 +43,11 @@ from behrt_rope.etl import descriptions
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.evaluation import meds_predictions
 from behrt_rope.evaluation.baseline import (
+    GBM_GRID,
     age_features,
     bag_of_codes,
     choose_c,
+    choose_gbm,
     fit_predict_baseline,
     fit_predict_gbm,
     sex_features,
@@ -62,7 +64,7 @@ from behrt_rope.evaluation.ceiling import (
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
 from behrt_rope.evaluation.report import REFERENCE_NAMES
 from behrt_rope.evaluation.sparse_time import DEFAULT_C, fit_predict_sparse_time
-from behrt_rope.evaluation.time_features import time_features
+from behrt_rope.evaluation.time_features import TimeFeatures, time_features
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.inference import Part, multilabel_model, resolve_device, score_parts
@@ -105,6 +107,11 @@ class Config:
     """Fit the reference models on at most this many train samples (a seeded subsample), to bound their time."""
     gradient_boosting: bool = True
     """Also fit the gradient-boosted reference on time features (one tree model per label code)."""
+    gradient_boosting_setting: str | None = None
+    """The gradient-boosted reference's regularisation, a name of ``GBM_GRID`` (strong, moderate, flexible).
+    Unset (the default): the one with the best macro AP on the tuning split's samples, scored on up to 40 of
+    its label codes (flexible when that split has none); ``metrics.json`` ``gradient_boosting_setting``
+    records the choice."""
     sparse_time_regression: bool = True
     """Also fit the sparse time regression (``behrt_rope/evaluation/sparse_time.py``): an L1 logistic regression
     per label code on binned time features of its own code and of every other label code."""
@@ -161,7 +168,8 @@ def run(config: Config) -> Path:
         scored = score_parts(model, held, samples.rows, samples.cuts, config.batch_size, device, config.progress, parts)
         probs = scored["model"]
         splits = References(seqs.split(S.TRAIN), seqs.split(S.TUNING), held, samples, task, label_of_token)
-        references, baseline_c = _references(splits, config)
+        references, choices = _references(splits, config)
+        baseline_c = {name: choices[name] for name in (LOGISTIC, LOGISTIC_ONE_CUT)}
         if "deep" in scored:
             references[DEEP_PART] = scored["deep"]
         labels = bundle["labels"]
@@ -188,6 +196,7 @@ def run(config: Config) -> Path:
                 "ceiling_record": ceilings.get("ceiling_record"),
                 "pretrain": pretrain,
                 "baseline_c": baseline_c,
+                "gradient_boosting_setting": choices.get(GBM),
             },
         )
         primary = GBM if GBM in reference_evals else LOGISTIC
@@ -203,7 +212,7 @@ def run(config: Config) -> Path:
             record_ceiling=ceilings.get("ceiling_record"),
             n_patients=len(np.unique(samples.rows)),
             pretrain_metrics=pretrain,
-            run_info=_run_info(config, bundle, task, baseline_c),
+            run_info=_run_info(config, bundle, task, choices),
             notes=[config.notes] if config.notes else (),
             code_descriptions=descriptions.load(config.data) or None,
         )
@@ -302,32 +311,70 @@ def _logistic_c(
 
 
 def _references(data: References, config: Config) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(N, L) held-out probabilities of each reference model, fitted on the same train samples, and the
-    logistic regressions' C."""
+    """(N, L) held-out probabilities of each reference model, fitted on the same train samples, and how each
+    tuned reference's setting was chosen (the logistic regressions' C, gradient boosting's regularisation)."""
     train, held, samples, task, label_of_token = data.train, data.held, data.samples, data.task, data.label_of_token
     train_samples = _train_samples(train, task, config)
     y_train = targets(train, train_samples, label_of_token)
     log.info("evaluate: fitting the logistic regression on %d train samples", len(train_samples))
     out: dict[str, np.ndarray] = {}
-    baseline_c: dict[str, Any] = {}
-    out[LOGISTIC], baseline_c[LOGISTIC] = _fit_logistic(LOGISTIC, _bag, train_samples, y_train, data, config)
+    choices: dict[str, Any] = {}
+    out[LOGISTIC], choices[LOGISTIC] = _fit_logistic(LOGISTIC, _bag, train_samples, y_train, data, config)
     one_cut = one_cut_samples(train, task, config.seed)
     log.info("evaluate: fitting the one-cut logistic regression on %d train samples", len(one_cut))
-    out[LOGISTIC_ONE_CUT], baseline_c[LOGISTIC_ONE_CUT] = _fit_logistic(
+    out[LOGISTIC_ONE_CUT], choices[LOGISTIC_ONE_CUT] = _fit_logistic(
         LOGISTIC_ONE_CUT, _presence, one_cut, targets(train, one_cut, label_of_token), data, config
     )
     if config.gradient_boosting or config.sparse_time_regression:
         train_times = time_features(train, train_samples, label_of_token)
         eval_times = time_features(held, samples, label_of_token)
     if config.gradient_boosting:
+        setting, choices[GBM] = _gbm_setting(train_times, y_train, data, config)
         log.info("evaluate: fitting gradient boosting on time features, %d labels", y_train.shape[1])
-        out[GBM] = fit_predict_gbm(train_times, y_train, eval_times, seed=config.seed, progress=config.progress)
+        out[GBM] = fit_predict_gbm(
+            train_times, y_train, eval_times, seed=config.seed, params=GBM_GRID[setting], progress=config.progress
+        )
     if config.sparse_time_regression:
         log.info("evaluate: fitting the sparse time regression, %d labels", y_train.shape[1])
         out[SPARSE_TIME] = fit_predict_sparse_time(
             train_times, y_train, eval_times, c=config.sparse_time_c, progress=config.progress
         )
-    return out, baseline_c
+    return out, choices
+
+
+def _gbm_setting(
+    train_times: TimeFeatures, y_train: np.ndarray, data: References, config: Config
+) -> tuple[str, dict[str, Any]]:
+    """``Config.gradient_boosting_setting`` when set, else the best of ``GBM_GRID`` on the tuning split."""
+    if config.gradient_boosting_setting is not None:
+        name = config.gradient_boosting_setting
+        if name not in GBM_GRID:
+            raise UserError(f"gradient_boosting_setting must be one of {', '.join(GBM_GRID)}, got {name!r}")
+        return name, {"setting": name, "params": GBM_GRID[name], "chosen_on": "fixed (gradient_boosting_setting)"}
+    if len(data.tuning_samples) == 0:
+        log.warning("evaluate: no tuning samples to choose gradient boosting's regularisation; using 'flexible'")
+        return "flexible", {
+            "setting": "flexible",
+            "params": GBM_GRID["flexible"],
+            "chosen_on": "default (no tuning samples)",
+        }
+    tune_times = time_features(data.tuning, data.tuning_samples, data.label_of_token)
+    name, by_setting, n_labels = choose_gbm(
+        train_times, y_train, tune_times, data.tuning_targets, seed=config.seed, progress=config.progress
+    )
+    log.info(
+        "evaluate: gradient boosting's regularisation %r, chosen on %d tuning samples and %d label codes",
+        name,
+        len(data.tuning_samples),
+        n_labels,
+    )
+    return name, {
+        "setting": name,
+        "params": GBM_GRID[name],
+        "chosen_on": "tuning split",
+        "tuning_labels": n_labels,
+        "tuning_macro_ap": by_setting,
+    }
 
 
 def _ceiling(
@@ -410,7 +457,7 @@ def _pretrain_metrics(bundle: dict[str, Any]) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path is not None and path.exists() else None
 
 
-def _run_info(config: Config, bundle: dict[str, Any], task: TaskConfig, baseline_c: dict[str, Any]) -> dict[str, Any]:
+def _run_info(config: Config, bundle: dict[str, Any], task: TaskConfig, choices: dict[str, Any]) -> dict[str, Any]:
     mc = bundle["model_config"]
     return {
         "model directory": config.model,
@@ -420,11 +467,12 @@ def _run_info(config: Config, bundle: dict[str, Any], task: TaskConfig, baseline
         f"positions {mc.position_encoding}/{mc.position_source}",
         "pre-trained": bundle.get("pretrained") or "no (trained from scratch)",
         "label codes": len(bundle["labels"]),
-        "logistic regression": f"bag-of-codes log-counts + age, sex (C={baseline_c[LOGISTIC]['c']:g}, "
-        f"{baseline_c[LOGISTIC]['chosen_on']})",
+        "logistic regression": f"bag-of-codes log-counts + age, sex (C={choices[LOGISTIC]['c']:g}, "
+        f"{choices[LOGISTIC]['chosen_on']})",
         "gradient boosting": "time features per label code (ever, visits with it, visits and days since, "
-        "years since first, in the last visit) + every code ever + age, visits, days since the previous visit"
-        if config.gradient_boosting
+        "years since first, in the last visit) + every code ever + age, visits, days since the previous visit "
+        f"({choices[GBM]['setting']} regularisation, {choices[GBM]['chosen_on']})"
+        if GBM in choices
         else "off",
     }
 

@@ -1,4 +1,4 @@
-"""The bag-of-codes logistic-regression baseline."""
+"""The reference models: the bag-of-codes logistic regression and the choice of both references' settings."""
 
 from __future__ import annotations
 
@@ -7,7 +7,17 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from behrt_rope import schema
-from behrt_rope.evaluation.baseline import C_GRID, age_features, bag_of_codes, choose_c, fit_predict_baseline
+from behrt_rope.errors import UserError
+from behrt_rope.evaluation.baseline import (
+    C_GRID,
+    GBM_GRID,
+    age_features,
+    bag_of_codes,
+    choose_c,
+    choose_gbm,
+    fit_predict_baseline,
+)
+from behrt_rope.evaluation.time_features import TimeFeatures
 
 
 def test_bag_of_codes_from_lists_and_offsets() -> None:
@@ -109,3 +119,59 @@ def test_a_fixed_baseline_c_is_used_as_given_without_a_search() -> None:
     # the data are never read when C is fixed: None stands in for them
     c, choice = _logistic_c("logistic_regression", None, None, None, Config(baseline_c=0.25))  # type: ignore[arg-type]
     assert c == 0.25 and choice == {"c": 0.25, "chosen_on": "fixed (baseline_c)"}
+
+
+def _noisy_time_features(n: int, labels: int, seed: int) -> tuple[TimeFeatures, np.ndarray]:
+    """Time features where each label depends only on its own code being on file (2% -> 10%), beside one
+    'ever' column per other label code that is pure noise: a flexible tree model learns the noise."""
+    rng = np.random.default_rng(seed)
+    ever = (rng.random((n, labels)) < 0.2).astype(np.float32)
+    since = rng.integers(0, 5, (n, labels)).astype(np.float32)
+    per_code = np.stack(
+        [
+            ever,
+            ever * (1 + rng.poisson(1.0, (n, labels))),
+            np.where(ever > 0, since, np.nan),
+            np.where(ever > 0, since * 90, np.nan),
+            np.where(ever > 0, rng.random((n, labels)) * 5, np.nan),
+            ever * (rng.random((n, labels)) < 0.5),
+        ],
+        axis=-1,
+    ).astype(np.float32)
+    per_sample = np.column_stack(
+        [rng.uniform(20, 80, n), rng.integers(1, 20, n), rng.uniform(0, 400, n), rng.integers(0, 3, n)]
+    ).astype(np.float32)
+    return TimeFeatures(per_code, per_sample), (rng.random((n, labels)) < 0.02 + 0.08 * ever).astype(int)
+
+
+def test_choose_gbm_prefers_strong_regularisation_where_noise_columns_outnumber_the_signal() -> None:
+    train, y_train = _noisy_time_features(1500, 40, seed=0)
+    tune, y_tune = _noisy_time_features(4000, 40, seed=1)
+    y_tune[:, 3] = 0  # a label without a tuning positive cannot be scored, so it is never sampled
+    best, scores, n_labels = choose_gbm(train, y_train, tune, y_tune, max_labels=10)
+    assert list(scores) == list(GBM_GRID) and n_labels == 10
+    assert best == max(scores, key=scores.__getitem__) and best != "flexible"
+    assert scores[best] > scores["flexible"] + 0.005  # the previous fixed setting learns the noise columns
+    assert all(0.0 < v <= 1.0 for v in scores.values())
+    _, _, all_scorable = choose_gbm(train, y_train, tune, y_tune, grid={"flexible": {}}, max_labels=100)
+    assert all_scorable == 39
+
+
+def test_choose_gbm_breaks_ties_towards_the_first_setting_and_needs_a_grid() -> None:
+    train, y_train = _noisy_time_features(600, 4, seed=2)
+    same = {"first": {}, "second": {}}  # identical settings score identically
+    best, scores, _ = choose_gbm(train, y_train, train, y_train, grid=same)
+    assert scores["first"] == scores["second"] and best == "first"
+    with pytest.raises(ValueError, match="at least one setting"):
+        choose_gbm(train, y_train, train, y_train, grid={})
+
+
+def test_a_fixed_gradient_boosting_setting_is_used_without_a_search_and_a_wrong_name_is_refused() -> None:
+    from pipelines.evaluate import Config, _gbm_setting
+
+    # the data are never read when the setting is fixed: None stands in for them
+    name, choice = _gbm_setting(None, None, None, Config(gradient_boosting_setting="moderate"))  # type: ignore[arg-type]
+    assert name == "moderate" and choice["chosen_on"] == "fixed (gradient_boosting_setting)"
+    assert choice["params"] == GBM_GRID["moderate"]
+    with pytest.raises(UserError, match="one of strong, moderate, flexible, got 'huge'"):
+        _gbm_setting(None, None, None, Config(gradient_boosting_setting="huge"))  # type: ignore[arg-type]

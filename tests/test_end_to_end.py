@@ -11,7 +11,7 @@ import torch
 
 from behrt_rope import schema as S
 from behrt_rope.cli import main
-from behrt_rope.evaluation.baseline import C_GRID
+from behrt_rope.evaluation.baseline import C_GRID, GBM_GRID, GBM_TUNING_LABELS
 from behrt_rope.evaluation.ceiling import format_share
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.sparse_time_fit import SHARE_GRID
@@ -76,10 +76,15 @@ def test_evaluate_writes_metrics_and_a_readable_report(visits_run):
         assert choice["chosen_on"] == "tuning split" and choice["c"] in C_GRID
         by_c = {float(c): ap for c, ap in choice["tuning_macro_ap"].items()}
         assert list(by_c) == list(C_GRID) and by_c[choice["c"]] == max(by_c.values())
+    gbm = metrics["gradient_boosting_setting"]  # gradient boosting's regularisation, also from the tuning split
+    assert gbm["chosen_on"] == "tuning split" and gbm["params"] == GBM_GRID[gbm["setting"]]
+    assert list(gbm["tuning_macro_ap"]) == list(GBM_GRID) and 1 <= gbm["tuning_labels"] <= GBM_TUNING_LABELS
+    assert gbm["tuning_macro_ap"][gbm["setting"]] == max(gbm["tuning_macro_ap"].values())
     html = (d["eval"] / S.REPORT_FILE).read_text()
     assert "data:image/png;base64," in html and 'src="http' not in html
     assert "Bag-of-codes logistic regression" in html and "New-onset metrics" in html
     assert f"C={metrics['baseline_c']['logistic_regression']['c']:g}, tuning split" in html
+    assert f"({gbm['setting']} regularisation, tuning split)" in html
     assert "Gradient boosting on time features" in html and "Against the reference models" in html
     assert f"{metrics['model']['overall']['macro_ap']:.3f}" in html  # the headline number is the one computed
     assert (d["eval"] / S.PLOTS_DIR).is_dir()

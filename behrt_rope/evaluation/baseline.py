@@ -196,9 +196,64 @@ GBM_PARAMS: dict[str, Any] = {
     "n_iter_no_change": 10,
     "scoring": "loss",
 }
-"""Defaults of the gradient-boosted reference: shallow trees, early stopping on a held-back 15% of the train
-rows by log-loss (the number of trees is tuned per label on train data only). On a 44,000-sample, 92-label
-synthetic training set this fits all labels in about 75 CPU-seconds."""
+"""Settings every gradient-boosted reference shares, and the ``flexible`` entry of :data:`GBM_GRID`: shallow
+trees, early stopping on a held-back 15% of the train rows by log-loss (the number of trees is tuned per label
+on train data only). On a 44,000-sample, 92-label synthetic training set this fits all labels in about 75
+CPU-seconds."""
+
+GBM_GRID: dict[str, dict[str, Any]] = {
+    "strong": {
+        "learning_rate": 0.1,
+        "max_iter": 200,
+        "max_leaf_nodes": 5,
+        "min_samples_leaf": 200,
+        "l2_regularization": 10.0,
+    },
+    "moderate": {"learning_rate": 0.1, "max_iter": 200, "max_leaf_nodes": 7, "min_samples_leaf": 80},
+    "flexible": {},
+}
+"""The regularisation settings (overrides of :data:`GBM_PARAMS`) that :func:`choose_gbm` picks from on the
+tuning split, strongest first. Each label's model sees its own six time features and one column per other
+label code, so with hundreds of codes most columns are noise, as with the logistic regression's C: on a
+300-code cohort ``flexible`` scored 0.177 tuning macro AP and ``moderate`` 0.193, on the 92-code demo both
+0.246 (docs/benchmarks.md, "Twenty-eighth round")."""
+
+GBM_TUNING_LABELS = 40
+"""Most label codes :func:`choose_gbm` scores each setting on (a seeded sample; all when there are fewer), so
+that the choice costs a few label fits per setting rather than a whole reference per setting."""
+
+
+def choose_gbm(
+    train: TimeFeatures,
+    Y_train: np.ndarray,
+    tune: TimeFeatures,
+    Y_tune: np.ndarray,
+    grid: Mapping[str, Mapping[str, Any]] = GBM_GRID,
+    max_labels: int = GBM_TUNING_LABELS,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[str, dict[str, float], int]:
+    """The name of the ``grid`` setting whose models have the best macro AP on the tuning rows (``tune``,
+    ``Y_tune`` (N_tune, L)), scored on a seeded sample of at most ``max_labels`` label codes that have a
+    positive in both splits; that macro AP for every setting; and the number of label codes scored. Ties go to
+    the earlier setting (``GBM_GRID`` lists the strongest regularisation first)."""
+    if not grid:
+        raise ValueError("choose_gbm needs at least one setting")
+    Y_train, Y_tune = np.asarray(Y_train), np.asarray(Y_tune)
+    candidates = np.flatnonzero((Y_train.sum(axis=0) >= 2) & (Y_tune.sum(axis=0) >= 1))
+    rng = np.random.default_rng(seed)
+    labels = np.sort(rng.choice(candidates, size=min(max_labels, len(candidates)), replace=False))
+    scores = {
+        name: macro_average_precision(
+            Y_tune[:, labels],
+            fit_predict_gbm(train, Y_train, tune, seed=seed, params=params, progress=progress, labels=labels)[
+                :, labels
+            ],
+        )
+        for name, params in grid.items()
+    }
+    names = list(grid)
+    return max(names, key=lambda n: (scores[n], -names.index(n))), scores, len(labels)
 
 
 def fit_predict_gbm(
@@ -209,10 +264,12 @@ def fit_predict_gbm(
     params: Mapping[str, Any] | None = None,
     progress: bool = False,
     n_jobs: int | None = -1,
+    labels: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
     """One sklearn ``HistGradientBoostingClassifier`` per label on that label's time features
     (``TimeFeatures.for_label``; NaN means "never recorded") and (N_train, L) 0/1 labels; returns
-    (N_eval, L) probabilities.
+    (N_eval, L) probabilities. ``params`` override :data:`GBM_PARAMS`; with ``labels`` (column indices), only
+    those labels get a model and the others their training rate.
 
     A label constant in training gets its training rate, as in :func:`fit_predict_baseline`. Labels are
     fitted in parallel threads (``n_jobs``, -1: all cores), each tree model on one OpenMP thread: sklearn's
@@ -225,6 +282,8 @@ def fit_predict_gbm(
     rate = Y.mean(axis=0) if Y.shape[0] else np.zeros(Y.shape[1])
     out = np.tile(rate, (len(evaluate), 1)).astype(float)
     varying = np.flatnonzero((rate > 0) & (rate < 1) & (Y.sum(axis=0) >= 2))
+    if labels is not None:
+        varying = np.intersect1d(varying, np.asarray(labels, dtype=np.int64))
     if not len(evaluate) or not len(varying):
         return out
     labels = tqdm(varying, desc="gradient boosting", unit="label", disable=not progress, leave=False)
