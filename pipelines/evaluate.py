@@ -63,7 +63,7 @@ from behrt_rope.evaluation.ceiling import (
 )
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
 from behrt_rope.evaluation.report import REFERENCE_NAMES
-from behrt_rope.evaluation.sparse_time import DEFAULT_C, fit_predict_sparse_time
+from behrt_rope.evaluation.sparse_time import DEFAULT_C, choose_sparse_c, fit_predict_sparse_time
 from behrt_rope.evaluation.time_features import TimeFeatures, time_features
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle
@@ -115,8 +115,11 @@ class Config:
     sparse_time_regression: bool = True
     """Also fit the sparse time regression (``behrt_rope/evaluation/sparse_time.py``): an L1 logistic regression
     per label code on binned time features of its own code and of every other label code."""
-    sparse_time_c: float = DEFAULT_C
-    """Inverse L1 strength of the sparse time regression."""
+    sparse_time_c: float | None = None
+    """Inverse L1 strength of the sparse time regression. Unset (the default): the one of
+    ``evaluation.sparse_time.C_GRID`` (0.1, 0.3) with the best macro AP on the tuning split's samples,
+    scored on up to 60 of its label codes, as ``finetune`` chooses the path's (0.1 when that split has none);
+    ``metrics.json`` ``sparse_time_c`` records the choice. A number fixes it."""
     oracle: str = ""
     """A `behrt-rope synth ... oracle=true` output directory (or one oracle file): adds the ceiling; a
     directory that also holds the record oracle (``synth ... record_oracle=true``) adds that second ceiling
@@ -197,6 +200,7 @@ def run(config: Config) -> Path:
                 "pretrain": pretrain,
                 "baseline_c": baseline_c,
                 "gradient_boosting_setting": choices.get(GBM),
+                "sparse_time_c": choices.get(SPARSE_TIME),
             },
         )
         primary = GBM if GBM in reference_evals else LOGISTIC
@@ -336,10 +340,34 @@ def _references(data: References, config: Config) -> tuple[dict[str, np.ndarray]
         )
     if config.sparse_time_regression:
         log.info("evaluate: fitting the sparse time regression, %d labels", y_train.shape[1])
-        out[SPARSE_TIME] = fit_predict_sparse_time(
-            train_times, y_train, eval_times, c=config.sparse_time_c, progress=config.progress
-        )
+        c, choices[SPARSE_TIME] = _sparse_c(train_times, y_train, data, config)
+        out[SPARSE_TIME] = fit_predict_sparse_time(train_times, y_train, eval_times, c=c, progress=config.progress)
     return out, choices
+
+
+def _sparse_c(
+    train_times: TimeFeatures, y_train: np.ndarray, data: References, config: Config
+) -> tuple[float, dict[str, Any]]:
+    """``Config.sparse_time_c`` when set, else the best of the sparse ``C_GRID`` on the tuning split."""
+    if config.sparse_time_c is not None:
+        return config.sparse_time_c, {"c": config.sparse_time_c, "chosen_on": "fixed (sparse_time_c)"}
+    if len(data.tuning_samples) == 0:
+        log.warning("evaluate: no tuning samples to choose the sparse time regression's C; using C=%g", DEFAULT_C)
+        return DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"}
+    tune_times = time_features(data.tuning, data.tuning_samples, data.label_of_token)
+    c, by_c, n_labels = choose_sparse_c(train_times, y_train, tune_times, data.tuning_targets, seed=config.seed)
+    log.info(
+        "evaluate: sparse time regression C=%g, chosen on %d tuning samples and %d label codes",
+        c,
+        len(data.tuning_samples),
+        n_labels,
+    )
+    return c, {
+        "c": c,
+        "chosen_on": "tuning split",
+        "tuning_labels": n_labels,
+        "tuning_macro_ap": {f"{k:g}": round(v, 5) for k, v in by_c.items()},
+    }
 
 
 def _gbm_setting(
@@ -473,6 +501,10 @@ def _run_info(config: Config, bundle: dict[str, Any], task: TaskConfig, choices:
         "years since first, in the last visit) + every code ever + age, visits, days since the previous visit "
         f"({choices[GBM]['setting']} regularisation, {choices[GBM]['chosen_on']})"
         if GBM in choices
+        else "off",
+        "sparse time regression": "L1 regression on binned time features of every label code "
+        f"(C={choices[SPARSE_TIME]['c']:g}, {choices[SPARSE_TIME]['chosen_on']})"
+        if SPARSE_TIME in choices
         else "off",
     }
 

@@ -31,7 +31,6 @@ from behrt_rope.data.labels import (
 )
 from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary
 from behrt_rope.errors import UserError
-from behrt_rope.evaluation.sparse_time import DEFAULT_C
 from behrt_rope.model.config import HEAD_FIELDS, ModelConfig
 from behrt_rope.model.heads import load_encoder_weights, pos_weight_from_counts
 from behrt_rope.stage import is_done, require_done, stage, write_json
@@ -70,8 +69,12 @@ class Config:
     """Weight each label's positive term by negatives/positives in train (for rare codes)."""
     pos_weight_max: float = 50.0
     """Cap on the positive-class weights."""
-    sparse_time_c: float = DEFAULT_C
-    """With model.sparse_time, the inverse L1 strength of the sparse time path's regression."""
+    sparse_time_c: float | None = None
+    """With model.sparse_time, the inverse L1 strength of the sparse time path's regression. Unset (the
+    default): the one of ``evaluation.sparse_time.C_GRID`` (0.1, 0.3) with the best macro AP of the path
+    alone on the tuning split, scored on up to 60 of its label codes before the deep training (0.1 without a
+    tuning split); ``metrics.json`` ``sparse_time_c`` records the choice. Large vocabularies, whose rarer
+    labels have few positives each, want a weaker penalty (docs/benchmarks.md, "Twenty-ninth round")."""
     sparse_time_share: float | None = None
     """With model.sparse_time, the path's weight in the model's logit (the deep part has 1 minus it); null:
     the one of ``training.sparse_time_fit.SHARE_GRID`` with the best tuning macro AP after training (0.5
@@ -161,7 +164,7 @@ def run(config: Config) -> Path:
     )
     with stage(out_dir, config, "finetune", inputs=[config.data, config.pretrained]) as out:
         pl.seed_everything(tc.seed, workers=True, verbose=False)
-        pos_weight = None
+        pos_weight, path_report = None, {}
         if config.pos_weight:
             pos_weight = pos_weight_from_counts(
                 torch.from_numpy(train.y.sum(0)), len(train.y), config.pos_weight_max
@@ -176,7 +179,17 @@ def run(config: Config) -> Path:
         if task.model.sparse_time is not None:
             keep = subsample_index(len(train.y), config.sparse_time_max_samples, tc.seed)
             fit_samples, y = train_samples.take(keep), train.y[keep]
-            fit_path(task.model, train_seqs, fit_samples, label_of_token, y, config.sparse_time_c, tc.progress_bar)
+            path_report = fit_path(
+                task.model,
+                train_seqs,
+                fit_samples,
+                label_of_token,
+                y,
+                config.sparse_time_c,
+                tc.progress_bar,
+                tuning=(tuning.seqs, tuning.samples, tuning.y),
+                seed=tc.seed,
+            )
         train_loader = make_loader(train.dataset, tc, train.collate, True)
         val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
         monitor, mode = MONITORS[config.select_by]
@@ -219,6 +232,7 @@ def run(config: Config) -> Path:
                 **(budget.report() if budget else {}),
                 "best_checkpoint": best,
                 **soup_report,
+                **path_report,
                 **shares,
                 "pretrained": config.pretrained or None,
                 **padding_report(train.dataset, tc),

@@ -13,6 +13,7 @@ from behrt_rope import schema as S
 from behrt_rope.cli import main
 from behrt_rope.evaluation.baseline import C_GRID, GBM_GRID, GBM_TUNING_LABELS
 from behrt_rope.evaluation.ceiling import format_share
+from behrt_rope.evaluation.sparse_time import C_GRID as SPARSE_C_GRID
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.sparse_time_fit import SHARE_GRID
 from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, error_line, read_metrics
@@ -80,7 +81,11 @@ def test_evaluate_writes_metrics_and_a_readable_report(visits_run):
     assert gbm["chosen_on"] == "tuning split" and gbm["params"] == GBM_GRID[gbm["setting"]]
     assert list(gbm["tuning_macro_ap"]) == list(GBM_GRID) and 1 <= gbm["tuning_labels"] <= GBM_TUNING_LABELS
     assert gbm["tuning_macro_ap"][gbm["setting"]] == max(gbm["tuning_macro_ap"].values())
+    sparse = metrics["sparse_time_c"]  # the sparse time regression's penalty, also from the tuning split
+    assert sparse["chosen_on"] == "tuning split" and sparse["c"] in SPARSE_C_GRID
+    assert sparse["tuning_macro_ap"][f"{sparse['c']:g}"] == max(sparse["tuning_macro_ap"].values())
     html = (d["eval"] / S.REPORT_FILE).read_text()
+    assert f"(C={sparse['c']:g}, tuning split)" in html
     assert "data:image/png;base64," in html and 'src="http' not in html
     assert "Bag-of-codes logistic regression" in html and "New-onset metrics" in html
     assert f"C={metrics['baseline_c']['logistic_regression']['c']:g}, tuning split" in html
@@ -111,6 +116,10 @@ def test_finetune_outputs_and_resume(visits_run):
     # ... scored as the saved model scores (eval mode): the same tuning macro AP as the final validation
     assert by_share[metrics["sparse_time_share"]] == pytest.approx(metrics["tuning_macro_ap"], abs=2e-5)
     assert float(fitted["sparse_time.share"]) == metrics["sparse_time_share"]
+    # and its L1 penalty was chosen on the tuning split before the deep training
+    path_c = metrics["sparse_time_c"]
+    assert path_c["chosen_on"] == "tuning split" and path_c["c"] in SPARSE_C_GRID
+    assert path_c["tuning_macro_ap"][f"{path_c['c']:g}"] == max(path_c["tuning_macro_ap"].values())
     _run(
         "finetune",
         "--data",

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sklearn.metrics import roc_auc_score
+from sklearn.metrics import average_precision_score, roc_auc_score
 
 from behrt_rope.evaluation.sparse_time import (
     AGE_EDGES,
+    C_GRID,
+    DEFAULT_C,
+    choose_sparse_c,
     fit_predict_sparse_time,
     fit_sparse_time,
     own_design,
@@ -108,3 +111,39 @@ def test_the_fit_is_the_same_at_every_run_and_for_any_number_of_workers() -> Non
         for name in ("own_weight", "shared_weight", "bias"):
             np.testing.assert_array_equal(getattr(fits[0], name), getattr(other, name))
     assert (fits[0].shared_weight != 0).sum() > 12
+
+
+def test_a_fit_restricted_to_some_labels_equals_the_full_fit_on_them_and_gives_the_rest_their_rate() -> None:
+    rng = np.random.default_rng(2)
+    features, y, _ = _timing_cohort(2000, rng)
+    full = fit_sparse_time(features, y, c=0.3, n_jobs=1)
+    part = fit_sparse_time(features, y, c=0.3, n_jobs=1, labels=np.array([0]))
+    np.testing.assert_array_equal(part.own_weight[0], full.own_weight[0])
+    np.testing.assert_array_equal(part.shared_weight[0], full.shared_weight[0])
+    assert not part.own_weight[1].any() and not part.shared_weight[1].any()  # label 1 not fitted ...
+    assert part.bias[1] == pytest.approx(np.log(y[:, 1].mean() / (1 - y[:, 1].mean())), abs=1e-5)  # ... its rate
+
+
+def test_choose_sparse_c_finds_a_weaker_penalty_where_positives_are_few() -> None:
+    """With rare labels an L1 penalty too strong for the data zeroes the timing signal: the choice, on the
+    tuning rows, moves away from it; the scores it reports are those of each C's fit on the sampled labels."""
+    rng = np.random.default_rng(3)
+    train, y_train, _ = _timing_cohort(600, rng)  # label 0: about 60 positives
+    tune, y_tune, _ = _timing_cohort(3000, rng)
+    c, scores, n_labels = choose_sparse_c(train, y_train, tune, y_tune, grid=(0.002, 0.3), n_jobs=1)
+    assert n_labels == 2  # label 2 has no positive: never sampled
+    assert list(scores) == [0.002, 0.3] and c == 0.3
+    assert scores[0.3] > scores[0.002] + 0.05  # seeded
+    fit = fit_sparse_time(train, y_train, 0.3, n_jobs=1)
+    expected = np.mean([average_precision_score(y_tune[:, j], fit.logits(tune)[:, j]) for j in (0, 1)])
+    assert scores[0.3] == pytest.approx(expected, abs=1e-9)
+
+
+def test_choose_sparse_c_keeps_the_first_c_when_nothing_can_be_scored_and_needs_a_grid() -> None:
+    rng = np.random.default_rng(4)
+    train, y_train, _ = _timing_cohort(300, rng)
+    c, scores, n_labels = choose_sparse_c(train, y_train, train, np.zeros_like(y_train), n_jobs=1)
+    assert (c, n_labels) == (C_GRID[0], 0) and set(scores.values()) == {0.0}
+    assert C_GRID[0] == DEFAULT_C  # ties keep the penalty chosen on the small-vocabulary tuning cohorts
+    with pytest.raises(ValueError, match="at least one C"):
+        choose_sparse_c(train, y_train, train, y_train, grid=())

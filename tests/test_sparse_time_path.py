@@ -14,7 +14,7 @@ from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targe
 from behrt_rope.data.sequences import load_tokens, load_vocabulary
 from behrt_rope.etl.config import EtlConfig, SplitConfig
 from behrt_rope.etl.runner import run_etl
-from behrt_rope.evaluation.sparse_time import fit_sparse_time, own_design, shared_design
+from behrt_rope.evaluation.sparse_time import C_GRID, DEFAULT_C, fit_sparse_time, own_design, shared_design
 from behrt_rope.evaluation.time_features import time_features
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.heads import BehrtForMultiLabel
@@ -108,6 +108,26 @@ def test_fit_path_shows_its_progress_bar_only_when_asked(tmp_path, capfd):
         fitted.append(model.sparse_time.own_weight.clone())
     torch.testing.assert_close(fitted[0], fitted[1])  # the bar changes nothing else
     assert fitted[0].abs().sum() > 0
+
+
+def test_fit_path_chooses_its_c_on_the_tuning_samples_unless_one_is_given(tmp_path):
+    seqs, samples, label_ids, label_of_token = _cohort(tmp_path, n_patients=60, seed=3)
+    y = targets(seqs, samples, label_of_token)
+    config = ModelConfig(vocab_size=int(label_ids.max()) + 2, hidden_size=16, num_heads=2, intermediate_size=16)
+    config.sparse_time, config.label_attention_heads = True, 0
+    model = BehrtForMultiLabel(config, len(label_ids), label_token_ids=label_ids.tolist())
+    chosen = fit_path(model, seqs, samples, label_of_token, y, None, False, tuning=(seqs, samples, y))["sparse_time_c"]
+    by_c = {float(c): ap for c, ap in chosen["tuning_macro_ap"].items()}
+    assert chosen["chosen_on"] == "tuning split" and list(by_c) == list(C_GRID)
+    assert by_c[chosen["c"]] == max(by_c.values()) and chosen["tuning_labels"] == 5
+    # the loaded weights are the fit at the chosen C
+    fit = fit_sparse_time(time_features(seqs, samples, label_of_token), y, c=chosen["c"], n_jobs=1)
+    assert model.sparse_time is not None
+    np.testing.assert_allclose(model.sparse_time.shared_weight.numpy(), fit.shared_weight)
+    no_tuning = fit_path(model, seqs, samples, label_of_token, y, None, False)["sparse_time_c"]
+    assert no_tuning == {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"}
+    fixed = fit_path(model, seqs, samples, label_of_token, y, 1.0, False, tuning=(seqs, samples, y))["sparse_time_c"]
+    assert fixed == {"c": 1.0, "chosen_on": "fixed (sparse_time_c)"}
 
 
 def _path_args(batch):

@@ -223,6 +223,19 @@ GBM_TUNING_LABELS = 40
 that the choice costs a few label fits per setting rather than a whole reference per setting."""
 
 
+def tuning_label_sample(Y_train: np.ndarray, Y_tune: np.ndarray, max_labels: int, seed: int = 0) -> np.ndarray:
+    """Sorted column indices of a seeded sample of at most ``max_labels`` label codes that a reference can be
+    fitted and scored on: 2+ positives among the train rows ``Y_train`` (N_train, L) and 1+ among the tuning
+    rows ``Y_tune`` (N_tune, L). All such codes when there are no more than ``max_labels``.
+
+    >>> tuning_label_sample(np.array([[1, 1, 0], [1, 0, 1]]), np.array([[1, 1, 1]]), 5).tolist()
+    [0]
+    """
+    candidates = np.flatnonzero((np.asarray(Y_train).sum(axis=0) >= 2) & (np.asarray(Y_tune).sum(axis=0) >= 1))
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(candidates, size=min(max_labels, len(candidates)), replace=False))
+
+
 def choose_gbm(
     train: TimeFeatures,
     Y_train: np.ndarray,
@@ -240,9 +253,7 @@ def choose_gbm(
     if not grid:
         raise ValueError("choose_gbm needs at least one setting")
     Y_train, Y_tune = np.asarray(Y_train), np.asarray(Y_tune)
-    candidates = np.flatnonzero((Y_train.sum(axis=0) >= 2) & (Y_tune.sum(axis=0) >= 1))
-    rng = np.random.default_rng(seed)
-    labels = np.sort(rng.choice(candidates, size=min(max_labels, len(candidates)), replace=False))
+    labels = tuning_label_sample(Y_train, Y_tune, max_labels, seed)
     scores = {
         name: macro_average_precision(
             Y_tune[:, labels],

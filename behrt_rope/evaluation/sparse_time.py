@@ -31,6 +31,7 @@ from scipy.special import expit, logit
 from sklearn.linear_model import LogisticRegression
 from tqdm.auto import tqdm
 
+from behrt_rope.evaluation.baseline import tuning_label_sample
 from behrt_rope.evaluation.time_features import TimeFeatures
 from behrt_rope.model.sparse_time_path import (
     AGE_EDGES,
@@ -42,9 +43,18 @@ from behrt_rope.model.sparse_time_path import (
     YEARS_EDGES,
     shared_columns,
 )
+from behrt_rope.training.tasks import macro_average_precision
 
 DEFAULT_C = 0.1
-"""Inverse L1 strength; chosen on the tuning splits of two cohorts (docs/benchmarks.md, "Ninth round")."""
+"""Inverse L1 strength where none is chosen on the data (no tuning split); the best on the tuning splits of
+two cohorts of 64 and 92 codes (docs/benchmarks.md, "Ninth round")."""
+C_GRID = (0.1, 0.3)
+"""The inverse L1 strengths that :func:`choose_sparse_c` picks from on the tuning split, :data:`DEFAULT_C`
+first (ties go to it). On 64 and 92 label codes 0.1 scored best on the tuning splits; on 295 and 779, whose
+rarer labels have few positives each, 0.1 left 4-16 non-zero weights per label and 0.3 scored higher (0.2
+level with it, 0.5 and 1 lower; docs/benchmarks.md, "Twenty-ninth round")."""
+TUNING_LABELS = 60
+"""Most label codes :func:`choose_sparse_c` scores each C on (a seeded sample; all when there are fewer)."""
 
 
 def bins(values: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
@@ -143,11 +153,13 @@ def fit_sparse_time(
     c: float = DEFAULT_C,
     progress: bool = False,
     n_jobs: int | None = -1,
+    labels: np.ndarray | None = None,
 ) -> SparseTimeFit:
     """One L1 logistic regression per label on its own and the shared columns. A label constant in training
     (or with fewer than two positives) gets the logit of its training rate (clipped to [1e-6, 1 - 1e-6]), as
-    the other references give it that rate. Labels are fitted in parallel processes (``n_jobs``, -1: all
-    cores); the result does not depend on ``n_jobs`` and is the same at every run."""
+    the other references give it that rate; with ``labels`` (column indices), so does every label not among
+    them. Labels are fitted in parallel processes (``n_jobs``, -1: all cores); the result does not depend on
+    ``n_jobs`` and is the same at every run."""
     Y = np.asarray(Y_train)
     if Y.ndim != 2 or Y.shape[0] != len(train):
         raise ValueError(f"Y_train must be (N_train, L) with N_train = {len(train)}, got {Y.shape}")
@@ -159,6 +171,8 @@ def fit_sparse_time(
         logit(rate).astype(np.float32),
     )
     varying = np.flatnonzero((Y.min(axis=0) < Y.max(axis=0)) & (Y.sum(axis=0) >= 2)) if len(Y) else np.zeros(0, int)
+    if labels is not None:
+        varying = np.intersect1d(varying, np.asarray(labels, dtype=np.int64))
     if not len(varying):
         return fit
     shared = shared_design(train)
@@ -176,6 +190,34 @@ def _fit_label(train: TimeFeatures, shared: sp.csr_matrix, j: int, y: np.ndarray
     """Label ``j``'s L1 regression on its design (``y`` ``(N,)`` 0/1): ``(coefficients, intercept)``."""
     model = l1_logistic_regression(c).fit(label_design(train, shared, j), y.astype(int))
     return model.coef_[0], float(model.intercept_[0])
+
+
+def choose_sparse_c(
+    train: TimeFeatures,
+    Y_train: np.ndarray,
+    tune: TimeFeatures,
+    Y_tune: np.ndarray,
+    grid: tuple[float, ...] = C_GRID,
+    max_labels: int = TUNING_LABELS,
+    seed: int = 0,
+    n_jobs: int | None = -1,
+) -> tuple[float, dict[float, float], int]:
+    """The C of ``grid`` whose regressions have the best macro AP on the tuning rows (``tune``, ``Y_tune``
+    (N_tune, L)), scored on a seeded sample of at most ``max_labels`` label codes with a positive in both
+    splits (:func:`~behrt_rope.evaluation.baseline.tuning_label_sample`); that macro AP for every C; and the
+    number of label codes scored. Ties go to the earlier C (:data:`C_GRID` lists :data:`DEFAULT_C` first)."""
+    if not grid:
+        raise ValueError("choose_sparse_c needs at least one C")
+    Y_tune = np.asarray(Y_tune)
+    labels = tuning_label_sample(Y_train, Y_tune, max_labels, seed)
+    scores = {
+        float(c): macro_average_precision(
+            Y_tune[:, labels], fit_sparse_time(train, Y_train, c, n_jobs=n_jobs, labels=labels).logits(tune)[:, labels]
+        )
+        for c in grid
+    }
+    order = [float(c) for c in grid]
+    return max(order, key=lambda c: (scores[c], -order.index(c))), scores, len(labels)
 
 
 def fit_predict_sparse_time(

@@ -1,8 +1,8 @@
 """Fitting the sparse time path around fine-tuning: its regression before the deep training, its share after.
 
-``finetune`` calls :func:`fit_path` before training (scikit-learn's L1 fit, loaded into the model's frozen
-buffers) and :func:`set_path_share` after it (the path's weight in the model's logit, chosen on the tuning
-split). See ``behrt_rope/model/sparse_time_path.py`` for the path itself.
+``finetune`` calls :func:`fit_path` before training (its C chosen on the tuning split, then scikit-learn's L1
+fit, loaded into the model's frozen buffers) and :func:`set_path_share` after it (the path's weight in the
+model's logit, chosen on the tuning split). See ``behrt_rope/model/sparse_time_path.py`` for the path itself.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from scipy.special import logit as _logit
 
 from behrt_rope.data.labels import Samples
 from behrt_rope.data.sequences import Sequences
-from behrt_rope.evaluation.sparse_time import fit_sparse_time
-from behrt_rope.evaluation.time_features import time_features
+from behrt_rope.evaluation.sparse_time import DEFAULT_C, choose_sparse_c, fit_sparse_time
+from behrt_rope.evaluation.time_features import TimeFeatures, time_features
 from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.training.inference import score_parts
 from behrt_rope.training.tasks import macro_average_precision
@@ -34,14 +34,21 @@ def fit_path(
     samples: Samples,
     label_of_token: np.ndarray,
     y: np.ndarray,
-    c: float,
+    c: float | None,
     progress: bool = True,
-) -> None:
+    tuning: tuple[Sequences, Samples, np.ndarray] | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Fit the path's regression on ``samples`` of ``seqs`` (``y`` ``(N, L)`` their targets) and load it; a
-    progress bar over the labels unless ``progress`` is false (``trainer.progress_bar``)."""
+    progress bar over the labels unless ``progress`` is false (``trainer.progress_bar``). ``c`` fixes the
+    inverse L1 strength; None chooses it from :data:`~behrt_rope.evaluation.sparse_time.C_GRID` on
+    ``tuning`` (its sequences, samples and ``(N_tune, L)`` targets; :data:`DEFAULT_C` without tuning
+    samples). Deterministic, so every DDP rank fits the same. Returns what ``metrics.json`` records."""
     assert model.sparse_time is not None
     started = time.perf_counter()
-    fit = fit_sparse_time(time_features(seqs, samples, label_of_token), y, c, progress=progress)
+    features = time_features(seqs, samples, label_of_token)
+    c, report = _path_c(features, y, c, tuning, label_of_token, seed)
+    fit = fit_sparse_time(features, y, c, progress=progress)
     model.sparse_time.load_fit(
         torch.from_numpy(fit.own_weight), torch.from_numpy(fit.shared_weight), torch.from_numpy(fit.bias)
     )
@@ -53,6 +60,40 @@ def fit_path(
         nonzero / max(len(fit.bias), 1),
         time.perf_counter() - started,
     )
+    return {"sparse_time_c": report}
+
+
+def _path_c(
+    features: TimeFeatures,
+    y: np.ndarray,
+    c: float | None,
+    tuning: tuple[Sequences, Samples, np.ndarray] | None,
+    label_of_token: np.ndarray,
+    seed: int,
+) -> tuple[float, dict[str, Any]]:
+    """The path's C and how it was set: ``c`` when given, else the best of ``C_GRID`` on ``tuning``."""
+    if c is not None:
+        return c, {"c": c, "chosen_on": "fixed (sparse_time_c)"}
+    if tuning is None or not len(tuning[2]):
+        log.warning("finetune: no tuning samples to choose the sparse time path's C; using C=%g", DEFAULT_C)
+        return DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"}
+    tune_seqs, tune_samples, y_tune = tuning
+    chosen, scores, n_labels = choose_sparse_c(
+        features, y, time_features(tune_seqs, tune_samples, label_of_token), y_tune, seed=seed
+    )
+    log.info(
+        "finetune: sparse time path C=%g, chosen on %d tuning samples and %d label codes (macro AP by C: %s)",
+        chosen,
+        len(y_tune),
+        n_labels,
+        scores,
+    )
+    return chosen, {
+        "c": chosen,
+        "chosen_on": "tuning split",
+        "tuning_labels": n_labels,
+        "tuning_macro_ap": {f"{k:g}": round(v, 5) for k, v in scores.items()},
+    }
 
 
 def set_path_share(
