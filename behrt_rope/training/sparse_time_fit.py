@@ -81,19 +81,15 @@ def _path_c(
     chosen, scores, n_labels = choose_sparse_c(
         features, y, time_features(tune_seqs, tune_samples, label_of_token), y_tune, seed=seed
     )
+    by_c = {f"{k:g}": round(v, 5) for k, v in scores.items()}
     log.info(
         "finetune: sparse time path C=%g, chosen on %d tuning samples and %d label codes (macro AP by C: %s)",
         chosen,
         len(y_tune),
         n_labels,
-        scores,
+        by_c,
     )
-    return chosen, {
-        "c": chosen,
-        "chosen_on": "tuning split",
-        "tuning_labels": n_labels,
-        "tuning_macro_ap": {f"{k:g}": round(v, 5) for k, v in scores.items()},
-    }
+    return chosen, {"c": chosen, "chosen_on": "tuning split", "tuning_labels": n_labels, "tuning_macro_ap": by_c}
 
 
 def set_path_share(
