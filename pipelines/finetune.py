@@ -31,6 +31,7 @@ from behrt_rope.data.labels import (
 )
 from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary
 from behrt_rope.errors import UserError
+from behrt_rope.evaluation.sparse_time import DEFAULT_C
 from behrt_rope.model.config import HEAD_FIELDS, ModelConfig
 from behrt_rope.model.heads import load_encoder_weights, pos_weight_from_counts
 from behrt_rope.stage import is_done, require_done, stage, write_json
@@ -69,12 +70,13 @@ class Config:
     """Weight each label's positive term by negatives/positives in train (for rare codes)."""
     pos_weight_max: float = 50.0
     """Cap on the positive-class weights."""
-    sparse_time_c: float | None = None
-    """With model.sparse_time, the inverse L1 strength of the sparse time path's regression. Unset (the
-    default): the one of ``evaluation.sparse_time.C_GRID`` (0.1, 0.3) with the best macro AP of the path
-    alone on the tuning split, scored on up to 60 of its label codes before the deep training (0.1 without a
-    tuning split); ``metrics.json`` ``sparse_time_c`` records the choice. Large vocabularies, whose rarer
-    labels have few positives each, want a weaker penalty (docs/benchmarks.md, "Twenty-ninth round")."""
+    sparse_time_c: float | None = DEFAULT_C
+    """With model.sparse_time, the inverse L1 strength of the sparse time path's regression (0.1). null: the
+    one of ``evaluation.sparse_time.C_GRID`` (0.1, 0.3) with the best macro AP of the path alone on the tuning
+    split, scored on up to 60 of its label codes before the deep training; ``metrics.json`` ``sparse_time_c``
+    records it either way. Not the default: on four held-out cohorts the choice (0.3 on three of them) raised
+    the path's own macro AP but moved the model's by -0.006 to +0.004 at the oracle's cuts, and a fit at 0.3
+    takes 4-10 times as long (docs/benchmarks.md, "Twenty-ninth round")."""
     sparse_time_share: float | None = None
     """With model.sparse_time, the path's weight in the model's logit (the deep part has 1 minus it); null:
     the one of ``training.sparse_time_fit.SHARE_GRID`` with the best tuning macro AP after training (0.5
