@@ -76,7 +76,7 @@ class Config:
     split, scored on up to 60 of its label codes before the deep training; ``metrics.json`` ``sparse_time_c``
     records it either way. Not the default: on four held-out cohorts the choice (0.3 on three of them) raised
     the path's own macro AP but moved the model's by -0.006 to +0.004 at the oracle's cuts, and a fit at 0.3
-    takes 4-10 times as long (docs/benchmarks.md, "Twenty-ninth round")."""
+    takes 2-10 times as long (docs/benchmarks.md, "Twenty-ninth round")."""
     sparse_time_share: float | None = None
     """With model.sparse_time, the path's weight in the model's logit (the deep part has 1 minus it); null:
     the one of ``training.sparse_time_fit.SHARE_GRID`` with the best tuning macro AP after training (0.5
