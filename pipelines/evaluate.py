@@ -63,7 +63,7 @@ from behrt_rope.evaluation.ceiling import (
 )
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
 from behrt_rope.evaluation.report import REFERENCE_NAMES
-from behrt_rope.evaluation.sparse_time import DEFAULT_C, choose_sparse_c, fit_predict_sparse_time
+from behrt_rope.evaluation.sparse_time import fit_predict_sparse_time, sparse_c_setting
 from behrt_rope.evaluation.time_features import TimeFeatures, time_features
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle
@@ -118,8 +118,8 @@ class Config:
     sparse_time_c: float | None = None
     """Inverse L1 strength of the sparse time regression. Unset (the default): the one of
     ``evaluation.sparse_time.C_GRID`` (0.1, 0.3) with the best macro AP on the tuning split's samples,
-    scored on up to 60 of its label codes, as ``finetune`` chooses the path's (0.1 when that split has none);
-    ``metrics.json`` ``sparse_time_c`` records the choice. A number fixes it."""
+    scored on up to 60 of its label codes, as ``finetune sparse_time_c=null`` chooses the path's (0.1 when that
+    split has none); ``metrics.json`` ``sparse_time_c`` records the choice. A number fixes it."""
     oracle: str = ""
     """A `behrt-rope synth ... oracle=true` output directory (or one oracle file): adds the ceiling; a
     directory that also holds the record oracle (``synth ... record_oracle=true``) adds that second ceiling
@@ -349,25 +349,24 @@ def _sparse_c(
     train_times: TimeFeatures, y_train: np.ndarray, data: References, config: Config
 ) -> tuple[float, dict[str, Any]]:
     """``Config.sparse_time_c`` when set, else the best of the sparse ``C_GRID`` on the tuning split."""
-    if config.sparse_time_c is not None:
-        return config.sparse_time_c, {"c": config.sparse_time_c, "chosen_on": "fixed (sparse_time_c)"}
-    if len(data.tuning_samples) == 0:
-        log.warning("evaluate: no tuning samples to choose the sparse time regression's C; using C=%g", DEFAULT_C)
-        return DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"}
-    tune_times = time_features(data.tuning, data.tuning_samples, data.label_of_token)
-    c, by_c, n_labels = choose_sparse_c(train_times, y_train, tune_times, data.tuning_targets, seed=config.seed)
-    log.info(
-        "evaluate: sparse time regression C=%g, chosen on %d tuning samples and %d label codes",
-        c,
-        len(data.tuning_samples),
-        n_labels,
+    c, choice = sparse_c_setting(
+        config.sparse_time_c,
+        train_times,
+        y_train,
+        lambda: time_features(data.tuning, data.tuning_samples, data.label_of_token),
+        data.tuning_targets,
+        config.seed,
     )
-    return c, {
-        "c": c,
-        "chosen_on": "tuning split",
-        "tuning_labels": n_labels,
-        "tuning_macro_ap": {f"{k:g}": round(v, 5) for k, v in by_c.items()},
-    }
+    if choice["chosen_on"] == "tuning split":
+        log.info(
+            "evaluate: sparse time regression C=%g, chosen on %d tuning samples and %d label codes",
+            c,
+            len(data.tuning_samples),
+            choice["tuning_labels"],
+        )
+    elif config.sparse_time_c is None:
+        log.warning("evaluate: no tuning samples to choose the sparse time regression's C; using C=%g", c)
+    return c, choice
 
 
 def _gbm_setting(

@@ -15,6 +15,7 @@ from behrt_rope.evaluation.sparse_time import (
     fit_sparse_time,
     own_design,
     shared_design,
+    sparse_c_setting,
 )
 from behrt_rope.evaluation.time_features import TimeFeatures
 
@@ -147,3 +148,18 @@ def test_choose_sparse_c_keeps_the_first_c_when_nothing_can_be_scored_and_needs_
     assert C_GRID[0] == DEFAULT_C  # ties keep the penalty chosen on the small-vocabulary tuning cohorts
     with pytest.raises(ValueError, match="at least one C"):
         choose_sparse_c(train, y_train, train, y_train, grid=())
+
+
+def test_sparse_c_setting_builds_the_tuning_features_only_to_choose() -> None:
+    rng = np.random.default_rng(5)
+    train, y_train, _ = _timing_cohort(300, rng)
+
+    def never() -> TimeFeatures:
+        raise AssertionError("the tuning features were built without a choice to make")
+
+    assert sparse_c_setting(0.5, train, y_train, never, y_train) == (0.5, {"c": 0.5, "chosen_on": "fixed (sparse_time_c)"})
+    no_rows = sparse_c_setting(None, train, y_train, never, np.zeros((0, 3)))
+    assert no_rows == (DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"})
+    c, report = sparse_c_setting(None, train, y_train, lambda: train, y_train)
+    assert report["chosen_on"] == "tuning split" and report["c"] == c and report["tuning_labels"] == 2
+    assert report["tuning_macro_ap"][f"{c:g}"] == max(report["tuning_macro_ap"].values())

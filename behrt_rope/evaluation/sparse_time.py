@@ -21,7 +21,9 @@ boosting 63% (docs/benchmarks.md, "Ninth round").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -218,6 +220,26 @@ def choose_sparse_c(
     }
     order = [float(c) for c in grid]
     return max(order, key=lambda c: (scores[c], -order.index(c))), scores, len(labels)
+
+
+def sparse_c_setting(
+    c: float | None,
+    train: TimeFeatures,
+    Y_train: np.ndarray,
+    tune: Callable[[], TimeFeatures],
+    Y_tune: np.ndarray,
+    seed: int = 0,
+) -> tuple[float, dict[str, Any]]:
+    """The C to fit with and how it was set (what ``metrics.json`` ``sparse_time_c`` records): ``c`` when
+    given; else :data:`DEFAULT_C` when there is no tuning row (``Y_tune`` (N_tune, L)); else the choice of
+    :func:`choose_sparse_c` on the tuning features that ``tune()`` builds (only then)."""
+    if c is not None:
+        return c, {"c": c, "chosen_on": "fixed (sparse_time_c)"}
+    if not len(Y_tune):
+        return DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"}
+    chosen, scores, n_labels = choose_sparse_c(train, Y_train, tune(), Y_tune, seed=seed)
+    by_c = {f"{k:g}": round(v, 5) for k, v in scores.items()}
+    return chosen, {"c": chosen, "chosen_on": "tuning split", "tuning_labels": n_labels, "tuning_macro_ap": by_c}
 
 
 def fit_predict_sparse_time(

@@ -1,8 +1,9 @@
 """Fitting the sparse time path around fine-tuning: its regression before the deep training, its share after.
 
-``finetune`` calls :func:`fit_path` before training (its C chosen on the tuning split, then scikit-learn's L1
-fit, loaded into the model's frozen buffers) and :func:`set_path_share` after it (the path's weight in the
-model's logit, chosen on the tuning split). See ``behrt_rope/model/sparse_time_path.py`` for the path itself.
+``finetune`` calls :func:`fit_path` before training (its C fixed or chosen on the tuning split, then
+scikit-learn's L1 fit, loaded into the model's frozen buffers) and :func:`set_path_share` after it (the path's
+weight in the model's logit, chosen on the tuning split). See ``behrt_rope/model/sparse_time_path.py`` for the
+path itself.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from scipy.special import logit as _logit
 
 from behrt_rope.data.labels import Samples
 from behrt_rope.data.sequences import Sequences
-from behrt_rope.evaluation.sparse_time import DEFAULT_C, choose_sparse_c, fit_sparse_time
+from behrt_rope.evaluation.sparse_time import fit_sparse_time, sparse_c_setting
 from behrt_rope.evaluation.time_features import TimeFeatures, time_features
 from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.training.inference import score_parts
@@ -72,24 +73,24 @@ def _path_c(
     seed: int,
 ) -> tuple[float, dict[str, Any]]:
     """The path's C and how it was set: ``c`` when given, else the best of ``C_GRID`` on ``tuning``."""
-    if c is not None:
-        return c, {"c": c, "chosen_on": "fixed (sparse_time_c)"}
-    if tuning is None or not len(tuning[2]):
-        log.warning("finetune: no tuning samples to choose the sparse time path's C; using C=%g", DEFAULT_C)
-        return DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"}
-    tune_seqs, tune_samples, y_tune = tuning
-    chosen, scores, n_labels = choose_sparse_c(
-        features, y, time_features(tune_seqs, tune_samples, label_of_token), y_tune, seed=seed
-    )
-    by_c = {f"{k:g}": round(v, 5) for k, v in scores.items()}
-    log.info(
-        "finetune: sparse time path C=%g, chosen on %d tuning samples and %d label codes (macro AP by C: %s)",
-        chosen,
-        len(y_tune),
-        n_labels,
-        by_c,
-    )
-    return chosen, {"c": chosen, "chosen_on": "tuning split", "tuning_labels": n_labels, "tuning_macro_ap": by_c}
+    y_tune = tuning[2] if tuning is not None else np.zeros((0, y.shape[1]))
+
+    def tune() -> TimeFeatures:
+        assert tuning is not None  # called only with tuning rows
+        return time_features(tuning[0], tuning[1], label_of_token)
+
+    chosen, report = sparse_c_setting(c, features, y, tune, y_tune, seed)
+    if report["chosen_on"] == "tuning split":
+        log.info(
+            "finetune: sparse time path C=%g, chosen on %d tuning samples and %d label codes (macro AP by C: %s)",
+            chosen,
+            len(y_tune),
+            report["tuning_labels"],
+            report["tuning_macro_ap"],
+        )
+    elif c is None:
+        log.warning("finetune: no tuning samples to choose the sparse time path's C; using C=%g", chosen)
+    return chosen, report
 
 
 def set_path_share(
