@@ -157,7 +157,8 @@ def test_sparse_c_setting_builds_the_tuning_features_only_to_choose() -> None:
     def never() -> TimeFeatures:
         raise AssertionError("the tuning features were built without a choice to make")
 
-    assert sparse_c_setting(0.5, train, y_train, never, y_train) == (0.5, {"c": 0.5, "chosen_on": "fixed (sparse_time_c)"})
+    fixed = sparse_c_setting(0.5, train, y_train, never, y_train)
+    assert fixed == (0.5, {"c": 0.5, "chosen_on": "fixed (sparse_time_c)"})
     no_rows = sparse_c_setting(None, train, y_train, never, np.zeros((0, 3)))
     assert no_rows == (DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"})
     c, report = sparse_c_setting(None, train, y_train, lambda: train, y_train)
