@@ -63,7 +63,7 @@ from behrt_rope.evaluation.ceiling import (
 )
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
 from behrt_rope.evaluation.report import REFERENCE_NAMES
-from behrt_rope.evaluation.sparse_time import fit_predict_sparse_time, sparse_c_setting
+from behrt_rope.evaluation.sparse_time import SparseTimeFit, fit_predict_sparse_time, sparse_c_setting
 from behrt_rope.evaluation.time_features import TimeFeatures, time_features
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle
@@ -340,16 +340,19 @@ def _references(data: References, config: Config) -> tuple[dict[str, np.ndarray]
         )
     if config.sparse_time_regression:
         log.info("evaluate: fitting the sparse time regression, %d labels", y_train.shape[1])
-        c, choices[SPARSE_TIME] = _sparse_c(train_times, y_train, data, config)
-        out[SPARSE_TIME] = fit_predict_sparse_time(train_times, y_train, eval_times, c=c, progress=config.progress)
+        c, choices[SPARSE_TIME], start = _sparse_c(train_times, y_train, data, config)
+        out[SPARSE_TIME] = fit_predict_sparse_time(
+            train_times, y_train, eval_times, c=c, progress=config.progress, start=start
+        )
     return out, choices
 
 
 def _sparse_c(
     train_times: TimeFeatures, y_train: np.ndarray, data: References, config: Config
-) -> tuple[float, dict[str, Any]]:
-    """``Config.sparse_time_c`` when set, else the best of the sparse ``C_GRID`` on the tuning split."""
-    c, choice = sparse_c_setting(
+) -> tuple[float, dict[str, Any], SparseTimeFit | None]:
+    """``Config.sparse_time_c`` when set, else the best of the sparse ``C_GRID`` on the tuning split (with the
+    choice's fit of its sampled labels, which the full fit takes over)."""
+    c, choice, start = sparse_c_setting(
         config.sparse_time_c,
         train_times,
         y_train,
@@ -366,7 +369,7 @@ def _sparse_c(
         )
     elif config.sparse_time_c is None:
         log.warning("evaluate: no tuning samples to choose the sparse time regression's C; using C=%g", c)
-    return c, choice
+    return c, choice, start
 
 
 def _gbm_setting(

@@ -131,8 +131,9 @@ def test_choose_sparse_c_finds_a_weaker_penalty_where_positives_are_few() -> Non
     rng = np.random.default_rng(3)
     train, y_train, _ = _timing_cohort(600, rng)  # label 0: about 60 positives
     tune, y_tune, _ = _timing_cohort(3000, rng)
-    c, scores, n_labels = choose_sparse_c(train, y_train, tune, y_tune, grid=(0.002, 0.3), n_jobs=1)
+    c, scores, n_labels, start = choose_sparse_c(train, y_train, tune, y_tune, grid=(0.002, 0.3), n_jobs=1)
     assert n_labels == 2  # label 2 has no positive: never sampled
+    assert start.c == 0.3 and start.fitted is not None and start.fitted.tolist() == [True, True, False]
     assert list(scores) == [0.002, 0.3] and c == 0.3
     assert scores[0.3] > scores[0.002] + 0.05  # seeded
     fit = fit_sparse_time(train, y_train, 0.3, n_jobs=1)
@@ -143,7 +144,7 @@ def test_choose_sparse_c_finds_a_weaker_penalty_where_positives_are_few() -> Non
 def test_choose_sparse_c_keeps_the_first_c_when_nothing_can_be_scored_and_needs_a_grid() -> None:
     rng = np.random.default_rng(4)
     train, y_train, _ = _timing_cohort(300, rng)
-    c, scores, n_labels = choose_sparse_c(train, y_train, train, np.zeros_like(y_train), n_jobs=1)
+    c, scores, n_labels, _ = choose_sparse_c(train, y_train, train, np.zeros_like(y_train), n_jobs=1)
     assert (c, n_labels) == (C_GRID[0], 0) and set(scores.values()) == {0.0}
     assert C_GRID[0] == DEFAULT_C  # ties keep the penalty chosen on the small-vocabulary tuning cohorts
     with pytest.raises(ValueError, match="at least one C"):
@@ -158,9 +159,38 @@ def test_sparse_c_setting_builds_the_tuning_features_only_to_choose() -> None:
         raise AssertionError("the tuning features were built without a choice to make")
 
     fixed = sparse_c_setting(0.5, train, y_train, never, y_train)
-    assert fixed == (0.5, {"c": 0.5, "chosen_on": "fixed (sparse_time_c)"})
+    assert fixed == (0.5, {"c": 0.5, "chosen_on": "fixed (sparse_time_c)"}, None)
     no_rows = sparse_c_setting(None, train, y_train, never, np.zeros((0, 3)))
-    assert no_rows == (DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"})
-    c, report = sparse_c_setting(None, train, y_train, lambda: train, y_train)
+    assert no_rows == (DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"}, None)
+    c, report, start = sparse_c_setting(None, train, y_train, lambda: train, y_train)
+    assert start is not None and start.c == c
     assert report["chosen_on"] == "tuning split" and report["c"] == c and report["tuning_labels"] == 2
     assert report["tuning_macro_ap"][f"{c:g}"] == max(report["tuning_macro_ap"].values())
+
+
+def test_the_full_fit_takes_over_the_choice_s_labels_and_equals_a_fit_from_scratch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The C choice has already fitted its sampled labels at the chosen C; the full fit runs only the rest,
+    and its weights are exactly those of a fit from scratch. A fit at another C is not taken over."""
+    import behrt_rope.evaluation.sparse_time as sparse_time
+
+    rng = np.random.default_rng(6)
+    features, y, _ = _timing_cohort(1500, rng)  # labels 0 and 1 can be fitted, 2 has no positive
+    scratch = fit_sparse_time(features, y, c=0.3, n_jobs=1)
+    start = fit_sparse_time(features, y, c=0.3, n_jobs=1, labels=np.array([0, 2]))
+    runs: list[int] = []
+    fit_label = sparse_time._fit_label
+
+    def counted(train: TimeFeatures, shared: object, j: int, y_j: np.ndarray, c: float) -> object:
+        runs.append(j)
+        return fit_label(train, shared, j, y_j, c)
+
+    monkeypatch.setattr(sparse_time, "_fit_label", counted)
+    taken_over = fit_sparse_time(features, y, c=0.3, n_jobs=1, start=start)
+    assert runs == [1]  # label 0 taken over; label 2 (no positive) is never run
+    for name in ("own_weight", "shared_weight", "bias", "fitted"):
+        np.testing.assert_array_equal(getattr(taken_over, name), getattr(scratch, name))
+    runs.clear()
+    fit_sparse_time(features, y, c=0.1, n_jobs=1, start=start)
+    assert runs == [0, 1]

@@ -140,6 +140,16 @@ class SparseTimeFit:
     """``(L, 7 L + 18)`` weights of the shared columns (:func:`shared_design`)."""
     bias: np.ndarray
     """``(L,)`` intercepts; a label not fitted has the logit of its training rate and no weights."""
+    c: float = DEFAULT_C
+    """The inverse L1 strength the regressions were fitted at."""
+    fitted: np.ndarray | None = None
+    """``(L,)`` bool: the labels whose regression was run (the others have their rate); None: none."""
+
+    def reusable_labels(self, c: float, n_labels: int) -> np.ndarray:
+        """Column indices of the labels fitted at ``c`` that a fit of ``n_labels`` labels can take over."""
+        if self.fitted is None or self.c != c or len(self.fitted) != n_labels:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self.fitted)
 
     def logits(self, features: TimeFeatures) -> np.ndarray:
         """``(N, L)`` decision values on ``features``."""
@@ -156,12 +166,15 @@ def fit_sparse_time(
     progress: bool = False,
     n_jobs: int | None = -1,
     labels: np.ndarray | None = None,
+    start: SparseTimeFit | None = None,
 ) -> SparseTimeFit:
     """One L1 logistic regression per label on its own and the shared columns. A label constant in training
     (or with fewer than two positives) gets the logit of its training rate (clipped to [1e-6, 1 - 1e-6]), as
     the other references give it that rate; with ``labels`` (column indices), so does every label not among
     them. Labels are fitted in parallel processes (``n_jobs``, -1: all cores); the result does not depend on
-    ``n_jobs`` and is the same at every run."""
+    ``n_jobs`` and is the same at every run. ``start``, an earlier fit on the same rows (the C choice's), gives
+    the labels it fitted at this ``c`` as they are: each label's fit depends on nothing else, so the result
+    equals a fit from scratch."""
     Y = np.asarray(Y_train)
     if Y.ndim != 2 or Y.shape[0] != len(train):
         raise ValueError(f"Y_train must be (N_train, L) with N_train = {len(train)}, got {Y.shape}")
@@ -171,10 +184,21 @@ def fit_sparse_time(
         np.zeros((n_labels, OWN_COLUMNS), np.float32),
         np.zeros((n_labels, shared_columns(n_labels)), np.float32),
         logit(rate).astype(np.float32),
+        c,
+        fitted := np.zeros(n_labels, dtype=bool),
     )
     varying = np.flatnonzero((Y.min(axis=0) < Y.max(axis=0)) & (Y.sum(axis=0) >= 2)) if len(Y) else np.zeros(0, int)
     if labels is not None:
         varying = np.intersect1d(varying, np.asarray(labels, dtype=np.int64))
+    if start is not None:
+        done = np.intersect1d(varying, start.reusable_labels(c, n_labels))
+        fit.own_weight[done], fit.shared_weight[done], fit.bias[done] = (
+            start.own_weight[done],
+            start.shared_weight[done],
+            start.bias[done],
+        )
+        fitted[done] = True
+        varying = np.setdiff1d(varying, done)
     if not len(varying):
         return fit
     shared = shared_design(train)
@@ -185,6 +209,7 @@ def fit_sparse_time(
     tasks = (delayed(_fit_label)(train, shared, j, Y[:, j], c) for j in labels)
     for j, (coef, intercept) in zip(varying, Parallel(n_jobs=n_jobs, backend="loky")(tasks)):
         fit.own_weight[j], fit.shared_weight[j], fit.bias[j] = coef[:OWN_COLUMNS], coef[OWN_COLUMNS:], intercept
+        fitted[j] = True
     return fit
 
 
@@ -203,23 +228,21 @@ def choose_sparse_c(
     max_labels: int = TUNING_LABELS,
     seed: int = 0,
     n_jobs: int | None = -1,
-) -> tuple[float, dict[float, float], int]:
+) -> tuple[float, dict[float, float], int, SparseTimeFit]:
     """The C of ``grid`` whose regressions have the best macro AP on the tuning rows (``tune``, ``Y_tune``
     (N_tune, L)), scored on a seeded sample of at most ``max_labels`` label codes with a positive in both
-    splits (:func:`~behrt_rope.evaluation.baseline.tuning_label_sample`); that macro AP for every C; and the
-    number of label codes scored. Ties go to the earlier C (:data:`C_GRID` lists :data:`DEFAULT_C` first)."""
+    splits (:func:`~behrt_rope.evaluation.baseline.tuning_label_sample`); that macro AP for every C; the
+    number of label codes scored; and the chosen C's fit of those codes (``start`` for the full
+    :func:`fit_sparse_time`). Ties go to the earlier C (:data:`C_GRID` lists :data:`DEFAULT_C` first)."""
     if not grid:
         raise ValueError("choose_sparse_c needs at least one C")
     Y_tune = np.asarray(Y_tune)
     labels = tuning_label_sample(Y_train, Y_tune, max_labels, seed)
-    scores = {
-        float(c): macro_average_precision(
-            Y_tune[:, labels], fit_sparse_time(train, Y_train, c, n_jobs=n_jobs, labels=labels).logits(tune)[:, labels]
-        )
-        for c in grid
-    }
-    order = [float(c) for c in grid]
-    return max(order, key=lambda c: (scores[c], -order.index(c))), scores, len(labels)
+    fits = {float(c): fit_sparse_time(train, Y_train, c, n_jobs=n_jobs, labels=labels) for c in grid}
+    scores = {c: macro_average_precision(Y_tune[:, labels], fit.logits(tune)[:, labels]) for c, fit in fits.items()}
+    order = list(fits)
+    chosen = max(order, key=lambda c: (scores[c], -order.index(c)))
+    return chosen, scores, len(labels), fits[chosen]
 
 
 def sparse_c_setting(
@@ -229,17 +252,19 @@ def sparse_c_setting(
     tune: Callable[[], TimeFeatures],
     Y_tune: np.ndarray,
     seed: int = 0,
-) -> tuple[float, dict[str, Any]]:
-    """The C to fit with and how it was set (what ``metrics.json`` ``sparse_time_c`` records): ``c`` when
-    given; else :data:`DEFAULT_C` when there is no tuning row (``Y_tune`` (N_tune, L)); else the choice of
-    :func:`choose_sparse_c` on the tuning features that ``tune()`` builds (only then)."""
+) -> tuple[float, dict[str, Any], SparseTimeFit | None]:
+    """The C to fit with, how it was set (what ``metrics.json`` ``sparse_time_c`` records) and the choice's
+    fit of its sampled labels at that C (``start`` for :func:`fit_sparse_time`; None without a choice):
+    ``c`` when given; else :data:`DEFAULT_C` when there is no tuning row (``Y_tune`` (N_tune, L)); else the
+    choice of :func:`choose_sparse_c` on the tuning features that ``tune()`` builds (only then)."""
     if c is not None:
-        return c, {"c": c, "chosen_on": "fixed (sparse_time_c)"}
+        return c, {"c": c, "chosen_on": "fixed (sparse_time_c)"}, None
     if not len(Y_tune):
-        return DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"}
-    chosen, scores, n_labels = choose_sparse_c(train, Y_train, tune(), Y_tune, seed=seed)
+        return DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"}, None
+    chosen, scores, n_labels, start = choose_sparse_c(train, Y_train, tune(), Y_tune, seed=seed)
     by_c = {f"{k:g}": round(v, 5) for k, v in scores.items()}
-    return chosen, {"c": chosen, "chosen_on": "tuning split", "tuning_labels": n_labels, "tuning_macro_ap": by_c}
+    report = {"c": chosen, "chosen_on": "tuning split", "tuning_labels": n_labels, "tuning_macro_ap": by_c}
+    return chosen, report, start
 
 
 def fit_predict_sparse_time(
@@ -249,7 +274,9 @@ def fit_predict_sparse_time(
     c: float = DEFAULT_C,
     progress: bool = False,
     n_jobs: int | None = -1,
+    start: SparseTimeFit | None = None,
 ) -> np.ndarray:
-    """:func:`fit_sparse_time` on ``train``, then ``(N_eval, L)`` probabilities on ``evaluate``."""
-    fit = fit_sparse_time(train, Y_train, c, progress, n_jobs)
+    """:func:`fit_sparse_time` on ``train`` (taking over ``start``'s labels), then ``(N_eval, L)``
+    probabilities on ``evaluate``."""
+    fit = fit_sparse_time(train, Y_train, c, progress, n_jobs, start=start)
     return np.asarray(expit(fit.logits(evaluate))) if len(evaluate) else np.zeros((0, len(fit.bias)))

@@ -18,7 +18,7 @@ from scipy.special import logit as _logit
 
 from behrt_rope.data.labels import Samples
 from behrt_rope.data.sequences import Sequences
-from behrt_rope.evaluation.sparse_time import fit_sparse_time, sparse_c_setting
+from behrt_rope.evaluation.sparse_time import SparseTimeFit, fit_sparse_time, sparse_c_setting
 from behrt_rope.evaluation.time_features import TimeFeatures, time_features
 from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.training.inference import score_parts
@@ -48,8 +48,8 @@ def fit_path(
     assert model.sparse_time is not None
     started = time.perf_counter()
     features = time_features(seqs, samples, label_of_token)
-    c, report = _path_c(features, y, c, tuning, label_of_token, seed)
-    fit = fit_sparse_time(features, y, c, progress=progress)
+    c, report, start = _path_c(features, y, c, tuning, label_of_token, seed)
+    fit = fit_sparse_time(features, y, c, progress=progress, start=start)
     model.sparse_time.load_fit(
         torch.from_numpy(fit.own_weight), torch.from_numpy(fit.shared_weight), torch.from_numpy(fit.bias)
     )
@@ -71,15 +71,16 @@ def _path_c(
     tuning: tuple[Sequences, Samples, np.ndarray] | None,
     label_of_token: np.ndarray,
     seed: int,
-) -> tuple[float, dict[str, Any]]:
-    """The path's C and how it was set: ``c`` when given, else the best of ``C_GRID`` on ``tuning``."""
+) -> tuple[float, dict[str, Any], SparseTimeFit | None]:
+    """The path's C and how it was set: ``c`` when given, else the best of ``C_GRID`` on ``tuning`` (with the
+    choice's fit of its sampled labels, which the full fit takes over)."""
     y_tune = tuning[2] if tuning is not None else np.zeros((0, y.shape[1]))
 
     def tune() -> TimeFeatures:
         assert tuning is not None  # called only with tuning rows
         return time_features(tuning[0], tuning[1], label_of_token)
 
-    chosen, report = sparse_c_setting(c, features, y, tune, y_tune, seed)
+    chosen, report, start = sparse_c_setting(c, features, y, tune, y_tune, seed)
     if report["chosen_on"] == "tuning split":
         log.info(
             "finetune: sparse time path C=%g, chosen on %d tuning samples and %d label codes (macro AP by C: %s)",
@@ -90,7 +91,7 @@ def _path_c(
         )
     elif c is None:
         log.warning("finetune: no tuning samples to choose the sparse time path's C; using C=%g", chosen)
-    return chosen, report
+    return chosen, report, start
 
 
 def set_path_share(
