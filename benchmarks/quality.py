@@ -15,7 +15,8 @@ the held-out split, which no setting was chosen on. Prints ONE JSON object: per 
 macro AUROC of the model, the two logistic regressions (bag of codes on every visit; presence on one cut per
 patient, the classic reference), the gradient-boosted model and the oracle on the held-out samples at the
 oracle's cuts (with 95% bootstrap intervals), the share of the logistic-regression-to-oracle gap each closes
-from either regression (macro AP, with a paired interval), the same predictors on every held-out sample (no oracle),
+from either regression (macro AP, with a paired interval), the model's macro AP minus each reference's there (paired
+interval: is it ahead of gradient boosting?), the same predictors on every held-out sample (no oracle),
 and the CPU and wall seconds of each stage (CPU: user + system of the stage's process and its children). With
 ``--with-wide`` a second model is fine-tuned from the same pre-trained encoder with ``model.wide=true`` (the
 bag-of-codes path, off by default) and scored at the same cuts (row ``model_with_wide_path``): what the wide
@@ -55,6 +56,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -62,6 +65,7 @@ from behrt_rope import config as config_lib  # noqa: E402
 from behrt_rope import schema as S  # noqa: E402
 from behrt_rope.data.sequences import load_tokens  # noqa: E402
 from behrt_rope.evaluation.ceiling import HISTORY_PARTS, format_share  # noqa: E402
+from behrt_rope.evaluation.metrics import CI_LEVEL, percentile_interval  # noqa: E402
 from behrt_rope.evaluation.report import REFERENCE_NAMES  # noqa: E402
 from synthetic_data.generator import SynthConfig  # noqa: E402
 from synthetic_data.record_oracle import record_oracle_table  # noqa: E402
@@ -275,6 +279,7 @@ def at_oracle_cuts(metrics: dict[str, Any], wide: dict[str, Any] | None) -> dict
                     },
                     "gap_closed": ceiling["predictors"][p]["gap_closed"],
                     "gap_closed_one_cut": ceiling["predictors"][p].get("gap_closed_one_cut"),
+                    **({"model_minus_this": model_lead(ceiling["predictors"], p)} if p != "model" else {}),
                     "gap_closed_by_history": {part: e[p]["gap_closed"] for part, e in by_history.items() if p in e},
                     **(
                         {
@@ -299,6 +304,23 @@ def at_oracle_cuts(metrics: dict[str, Any], wide: dict[str, Any] | None) -> dict
     }
 
 
+def model_lead(predictors: dict[str, Any], other: str) -> dict[str, Any] | None:
+    """The model's macro AP minus ``other``'s at the oracle's cuts, with a paired interval: the evaluation
+    draws every predictor's bootstrap replicate ``b`` from the same samples (bias-corrected, as the report's
+    paired differences; no interval without both predictors' replicates); None when either is missing."""
+    model, entry = predictors.get("model"), predictors.get(other)
+    if model is None or entry is None:
+        return None
+    point = float(model["overall"]["macro_ap"] - entry["overall"]["macro_ap"])
+    reps = [
+        np.asarray((e.get("bootstrap") or {}).get("overall", {}).get("macro_ap", []), float) for e in (model, entry)
+    ]
+    if not reps[0].size or reps[0].shape != reps[1].shape:
+        return {"point": point, "ci": None}
+    low, high = percentile_interval(reps[0] - reps[1], CI_LEVEL, point)
+    return {"point": point, "ci": [float(low), float(high)]}
+
+
 def write_record_oracle(cohort: Path, etl: Path, particles: int, replicas: int) -> dict[str, float]:
     """The record oracle of the held-out patients (``synthetic_data/record_oracle.py``), written beside the
     state oracle as ``cohort/oracle_record.parquet`` so that ``evaluate oracle=cohort`` measures against
@@ -320,7 +342,7 @@ def markdown(results: dict[str, Any]) -> str:
     the cost, one row per cohort and predictor."""
     cohorts = results["cohorts"]
     with_cuts = {name: r for name, r in cohorts.items() if "at_oracle_cuts" in r}
-    tables = [_cuts_table(with_cuts)] if with_cuts else []
+    tables = [_cuts_table(with_cuts), _lead_table(with_cuts)] if with_cuts else []
     return "\n".join([*tables, _held_out_table(cohorts), _cost_table(cohorts)])
 
 
@@ -353,6 +375,27 @@ def _cuts_table(cohorts: dict[str, Any]) -> str:
                 row += f" {format_share(e.get('gap_closed_record'))} | {halves} |"
             lines.append(row)
     return "\n".join(lines) + "\n"
+
+
+def _lead_table(cohorts: dict[str, Any]) -> str:
+    """Per cohort, the model's macro AP minus each reference's at the oracle's cuts (paired 95% CI): whether
+    the model is ahead of the strongest cheap baseline."""
+    names = [p for p in REFERENCE_NAMES if any(p in r["at_oracle_cuts"] for r in cohorts.values())]
+    lines = [
+        "| cohort | " + " | ".join(f"model minus {p} (paired 95% CI)" for p in names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for cohort, r in cohorts.items():
+        leads = [(r["at_oracle_cuts"].get(p) or {}).get("model_minus_this") for p in names]
+        lines.append(f"| {cohort} | " + " | ".join(_lead_text(lead) for lead in leads) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _lead_text(lead: dict[str, Any] | None) -> str:
+    if not lead:
+        return "–"
+    text = f"{lead['point']:+.4f}"
+    return text + (f" ({lead['ci'][0]:+.4f} to {lead['ci'][1]:+.4f})" if lead.get("ci") else "")
 
 
 def _held_out_table(cohorts: dict[str, Any]) -> str:

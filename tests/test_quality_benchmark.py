@@ -3,12 +3,13 @@ already on file and on new onsets (``benchmarks/quality.py``; the benchmark itse
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from behrt_rope import schema as S
 from behrt_rope.cli import main
-from benchmarks.quality import COHORTS, PREDICTORS, cohort_args, markdown, write_record_oracle
+from benchmarks.quality import COHORTS, PREDICTORS, cohort_args, markdown, model_lead, write_record_oracle
 from benchmarks.quality import main as quality_main
 
 
@@ -76,6 +77,42 @@ def test_table_adds_the_record_oracle_columns_when_a_cohort_has_them():
     assert rows[("| default", "record oracle")].startswith("| default | record oracle | 0.258 |")
     assert rows[("| recurrence", "model")].endswith("| – | – / – |")
     assert all(row.count("|") == header.count("|") for row in rows.values())
+
+
+def test_the_model_s_lead_over_each_reference_is_paired_over_the_same_resamples():
+    """Replicate b of every predictor resamples the same cuts: the lead's interval comes from the differences,
+    which are tight when the two predictors move together even where each one's own interval is wide."""
+    rng = np.random.default_rng(0)
+    shared = rng.normal(0.0, 0.02, 200)  # what every predictor's replicate shares (the resampled cuts)
+    model_reps = 0.26 + shared + rng.normal(0.0, 0.001, 200)
+    predictors = {
+        "model": {"overall": {"macro_ap": 0.26}, "bootstrap": {"overall": {"macro_ap": model_reps.tolist()}}},
+        "gradient_boosting": {
+            "overall": {"macro_ap": 0.25},
+            "bootstrap": {"overall": {"macro_ap": (0.25 + shared).tolist()}},
+        },
+        "logistic_regression": {"overall": {"macro_ap": 0.22}},  # written without replicates
+    }  # fmt: skip
+    lead = model_lead(predictors, "gradient_boosting")
+    assert lead is not None and lead["point"] == pytest.approx(0.01)
+    low, high = lead["ci"]
+    assert 0.007 < low < 0.01 < high < 0.013  # unpaired, the intervals would overlap (each about +-0.04)
+    assert model_lead(predictors, "logistic_regression") == {"point": pytest.approx(0.04), "ci": None}
+    assert model_lead(predictors, "sparse_time_regression") is None
+
+    cuts = {"n_samples": 100, "model": _entry(0.5, None, None), "oracle": _entry(1.0, None, None)}
+    cuts["gradient_boosting"] = _entry(0.4, None, None) | {"model_minus_this": {"point": 0.0123, "ci": [0.004, 0.02]}}
+    cuts["logistic_regression"] = _entry(0.0, None, None) | {"model_minus_this": {"point": 0.03, "ci": None}}
+    cohort = {"patients": 8000, "tokens_per_patient": 50.0, "at_oracle_cuts": cuts, "all_held_out": ALL_HELD_OUT,
+              "train_cpu_s": 400.0, "train_wall_s": 390.0}  # fmt: skip
+    lead_table = markdown({"cohorts": {"default": cohort}}).split("\n\n")[1].splitlines()
+    assert lead_table[0].startswith("| cohort | model minus logistic_regression (paired 95% CI) |")
+    assert "model minus gradient_boosting (paired 95% CI)" in lead_table[0]
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in (lead_table[0], lead_table[2])]
+    row = dict(zip(*cells))
+    assert row["model minus gradient_boosting (paired 95% CI)"] == "+0.0123 (+0.0040 to +0.0200)"
+    assert row["model minus logistic_regression (paired 95% CI)"] == "+0.0300"
+    assert lead_table[2].count("|") == lead_table[0].count("|")
 
 
 def test_a_window_task_has_the_held_out_and_cost_tables_without_oracle_columns():
