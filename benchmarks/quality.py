@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -56,8 +57,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -65,8 +64,7 @@ from behrt_rope import config as config_lib  # noqa: E402
 from behrt_rope import schema as S  # noqa: E402
 from behrt_rope.data.sequences import load_tokens  # noqa: E402
 from behrt_rope.evaluation.ceiling import HISTORY_PARTS, format_share  # noqa: E402
-from behrt_rope.evaluation.metrics import CI_LEVEL, percentile_interval  # noqa: E402
-from behrt_rope.evaluation.report import REFERENCE_NAMES  # noqa: E402
+from behrt_rope.evaluation.report import REFERENCE_NAMES, replicate_difference  # noqa: E402
 from synthetic_data.generator import SynthConfig  # noqa: E402
 from synthetic_data.record_oracle import record_oracle_table  # noqa: E402
 
@@ -305,20 +303,15 @@ def at_oracle_cuts(metrics: dict[str, Any], wide: dict[str, Any] | None) -> dict
 
 
 def model_lead(predictors: dict[str, Any], other: str) -> dict[str, Any] | None:
-    """The model's macro AP minus ``other``'s at the oracle's cuts, with a paired interval: the evaluation
-    draws every predictor's bootstrap replicate ``b`` from the same samples (bias-corrected, as the report's
-    paired differences; no interval without both predictors' replicates); None when either is missing."""
+    """The model's macro AP minus ``other``'s at the oracle's cuts, with a paired interval (the evaluation
+    draws every predictor's bootstrap replicate ``b`` from the same samples; no interval without both
+    predictors' replicates); None when either is missing."""
     model, entry = predictors.get("model"), predictors.get(other)
-    if model is None or entry is None:
+    lead = replicate_difference(model, entry, "macro_ap") if model and entry else None
+    if lead is None:
         return None
-    point = float(model["overall"]["macro_ap"] - entry["overall"]["macro_ap"])
-    reps = [
-        np.asarray((e.get("bootstrap") or {}).get("overall", {}).get("macro_ap", []), float) for e in (model, entry)
-    ]
-    if not reps[0].size or reps[0].shape != reps[1].shape:
-        return {"point": point, "ci": None}
-    low, high = percentile_interval(reps[0] - reps[1], CI_LEVEL, point)
-    return {"point": point, "ci": [float(low), float(high)]}
+    point, low, high = lead
+    return {"point": point, "ci": [low, high] if math.isfinite(low) and math.isfinite(high) else None}
 
 
 def write_record_oracle(cohort: Path, etl: Path, particles: int, replicas: int) -> dict[str, float]:

@@ -220,6 +220,15 @@ def paired_difference(
     """
     if not baseline or model.get("pairing_key") != baseline.get("pairing_key"):
         return None
+    return replicate_difference(model, baseline, metric, section)
+
+
+def replicate_difference(
+    model: Mapping[str, Any], baseline: Mapping[str, Any], metric: str, section: str = "overall"
+) -> tuple[float, float, float] | None:
+    """:func:`paired_difference` for two score dicts the caller knows to be paired (the ceiling's predictors
+    share their resamples by construction): NaN bounds without replicates of the same shape; None without
+    the metric."""
     a, b = model.get(section) or {}, baseline.get(section) or {}
     if a.get(metric) is None or b.get(metric) is None:
         return None
