@@ -352,24 +352,16 @@ def _sparse_c(
 ) -> tuple[float, dict[str, Any], SparseTimeFit | None]:
     """``Config.sparse_time_c`` when set, else the best of the sparse ``C_GRID`` on the tuning split (with the
     choice's fit of its sampled labels, which the full fit takes over)."""
-    c, choice, start = sparse_c_setting(
+    return sparse_c_setting(
         config.sparse_time_c,
         train_times,
         y_train,
         lambda: time_features(data.tuning, data.tuning_samples, data.label_of_token),
         data.tuning_targets,
         config.seed,
+        log,
+        "evaluate: sparse time regression",
     )
-    if choice["chosen_on"] == "tuning split":
-        log.info(
-            "evaluate: sparse time regression C=%g, chosen on %d tuning samples and %d label codes",
-            c,
-            len(data.tuning_samples),
-            choice["tuning_labels"],
-        )
-    elif config.sparse_time_c is None:
-        log.warning("evaluate: no tuning samples to choose the sparse time regression's C; using C=%g", c)
-    return c, choice, start
 
 
 def _gbm_setting(

@@ -21,6 +21,7 @@ boosting 63% (docs/benchmarks.md, "Ninth round").
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,8 @@ from behrt_rope.model.sparse_time_path import (
     shared_columns,
 )
 from behrt_rope.training.tasks import macro_average_precision
+
+log = logging.getLogger("behrt_rope.evaluation")
 
 DEFAULT_C = 0.1
 """Inverse L1 strength where none is chosen on the data (no tuning split); the best on the tuning splits of
@@ -252,17 +255,29 @@ def sparse_c_setting(
     tune: Callable[[], TimeFeatures],
     Y_tune: np.ndarray,
     seed: int = 0,
+    logger: logging.Logger = log,
+    what: str = "sparse time regression",
 ) -> tuple[float, dict[str, Any], SparseTimeFit | None]:
     """The C to fit with, how it was set (what ``metrics.json`` ``sparse_time_c`` records) and the choice's
     fit of its sampled labels at that C (``start`` for :func:`fit_sparse_time`; None without a choice):
-    ``c`` when given; else :data:`DEFAULT_C` when there is no tuning row (``Y_tune`` (N_tune, L)); else the
-    choice of :func:`choose_sparse_c` on the tuning features that ``tune()`` builds (only then)."""
+    ``c`` when given; else :data:`DEFAULT_C` when there is no tuning row (``Y_tune`` (N_tune, L)), with a
+    warning; else the choice of :func:`choose_sparse_c` on the tuning features that ``tune()`` builds (only
+    then), logged on ``logger`` as ``what`` (the caller's stage and name for the regression)."""
     if c is not None:
         return c, {"c": c, "chosen_on": "fixed (sparse_time_c)"}, None
     if not len(Y_tune):
+        logger.warning("%s: no tuning samples to choose the C; using C=%g", what, DEFAULT_C)
         return DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"}, None
     chosen, scores, n_labels, start = choose_sparse_c(train, Y_train, tune(), Y_tune, seed=seed)
     by_c = {f"{k:g}": round(v, 5) for k, v in scores.items()}
+    logger.info(
+        "%s C=%g, chosen on %d tuning samples and %d label codes (macro AP by C: %s)",
+        what,
+        chosen,
+        len(Y_tune),
+        n_labels,
+        by_c,
+    )
     report = {"c": chosen, "chosen_on": "tuning split", "tuning_labels": n_labels, "tuning_macro_ap": by_c}
     return chosen, report, start
 

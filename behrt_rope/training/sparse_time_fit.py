@@ -80,18 +80,7 @@ def _path_c(
         assert tuning is not None  # called only with tuning rows
         return time_features(tuning[0], tuning[1], label_of_token)
 
-    chosen, report, start = sparse_c_setting(c, features, y, tune, y_tune, seed)
-    if report["chosen_on"] == "tuning split":
-        log.info(
-            "finetune: sparse time path C=%g, chosen on %d tuning samples and %d label codes (macro AP by C: %s)",
-            chosen,
-            len(y_tune),
-            report["tuning_labels"],
-            report["tuning_macro_ap"],
-        )
-    elif c is None:
-        log.warning("finetune: no tuning samples to choose the sparse time path's C; using C=%g", chosen)
-    return chosen, report, start
+    return sparse_c_setting(c, features, y, tune, y_tune, seed, log, "finetune: sparse time path")
 
 
 def set_path_share(
