@@ -63,7 +63,7 @@ from behrt_rope.evaluation.ceiling import (
 )
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
 from behrt_rope.evaluation.report import REFERENCE_NAMES
-from behrt_rope.evaluation.sparse_time import SparseTimeFit, fit_predict_sparse_time, sparse_c_setting
+from behrt_rope.evaluation.sparse_time import SELECT_C, SparseTimeFit, fit_predict_sparse_time, sparse_c_setting
 from behrt_rope.evaluation.time_features import TimeFeatures, time_features
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle
@@ -116,10 +116,14 @@ class Config:
     """Also fit the sparse time regression (``behrt_rope/evaluation/sparse_time.py``): an L1 logistic regression
     per label code on binned time features of its own code and of every other label code."""
     sparse_time_c: float | None = None
-    """Inverse L1 strength of the sparse time regression. Unset (the default): the one of
-    ``evaluation.sparse_time.C_GRID`` (0.1, 0.3) with the best macro AP on the tuning split's samples,
-    scored on up to 60 of its label codes, as ``finetune sparse_time_c=null`` chooses the path's (0.1 when that
-    split has none); ``metrics.json`` ``sparse_time_c`` records the choice. A number fixes it."""
+    """Inverse L1 strength of the sparse time regression (its refit, after ``sparse_time_select_c`` chose the
+    codes each label reads). Unset (the default): the one of ``evaluation.sparse_time.C_GRID`` with the best
+    macro AP on the tuning split's samples, scored on up to 60 of its label codes, as ``finetune
+    sparse_time_c=null`` chooses the path's (``DEFAULT_C`` when that split has none); ``metrics.json``
+    ``sparse_time_c`` records the choice. A number fixes it."""
+    sparse_time_select_c: float | None = SELECT_C
+    """Inverse L1 strength of the first fit of each label's sparse time regression, which only chooses the
+    other codes it reads (a relaxed lasso, as ``finetune sparse_time_select_c``); null: one fit on everything."""
     oracle: str = ""
     """A `behrt-rope synth ... oracle=true` output directory (or one oracle file): adds the ceiling; a
     directory that also holds the record oracle (``synth ... record_oracle=true``) adds that second ceiling
@@ -342,9 +346,32 @@ def _references(data: References, config: Config) -> tuple[dict[str, np.ndarray]
         log.info("evaluate: fitting the sparse time regression, %d labels", y_train.shape[1])
         c, choices[SPARSE_TIME], start = _sparse_c(train_times, y_train, data, config)
         out[SPARSE_TIME] = fit_predict_sparse_time(
-            train_times, y_train, eval_times, c=c, progress=config.progress, start=start
+            train_times,
+            y_train,
+            eval_times,
+            c=c,
+            progress=config.progress,
+            start=start,
+            select_c=config.sparse_time_select_c,
         )
     return out, choices
+
+
+def _sparse_time_info(choice: dict[str, Any]) -> str:
+    """The report's run-info line for the sparse time regression, from its ``sparse_time_c`` record.
+
+    >>> _sparse_time_info({"c": 0.3, "chosen_on": "tuning split", "select_c": 0.05})[58:]
+    '(relaxed: codes chosen at C=0.05, refit at C=0.3, tuning split)'
+    >>> _sparse_time_info({"c": 0.1, "chosen_on": "fixed (sparse_time_c)", "select_c": None})[58:]
+    '(C=0.1, fixed (sparse_time_c))'
+    """
+    select_c = choice.get("select_c")
+    strength = (
+        f"C={choice['c']:g}"
+        if select_c is None
+        else f"relaxed: codes chosen at C={select_c:g}, refit at C={choice['c']:g}"
+    )
+    return f"L1 regression on binned time features of every label code ({strength}, {choice['chosen_on']})"
 
 
 def _sparse_c(
@@ -361,6 +388,7 @@ def _sparse_c(
         config.seed,
         log,
         "evaluate: sparse time regression",
+        config.sparse_time_select_c,
     )
 
 
@@ -496,10 +524,7 @@ def _run_info(config: Config, bundle: dict[str, Any], task: TaskConfig, choices:
         f"({choices[GBM]['setting']} regularisation, {choices[GBM]['chosen_on']})"
         if GBM in choices
         else "off",
-        "sparse time regression": "L1 regression on binned time features of every label code "
-        f"(C={choices[SPARSE_TIME]['c']:g}, {choices[SPARSE_TIME]['chosen_on']})"
-        if SPARSE_TIME in choices
-        else "off",
+        "sparse time regression": _sparse_time_info(choices[SPARSE_TIME]) if SPARSE_TIME in choices else "off",
     }
 
 

@@ -31,7 +31,7 @@ from behrt_rope.data.labels import (
 )
 from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary
 from behrt_rope.errors import UserError
-from behrt_rope.evaluation.sparse_time import DEFAULT_C
+from behrt_rope.evaluation.sparse_time import DEFAULT_C, SELECT_C
 from behrt_rope.model.config import HEAD_FIELDS, ModelConfig
 from behrt_rope.model.heads import load_encoder_weights, pos_weight_from_counts
 from behrt_rope.stage import is_done, require_done, stage, write_json
@@ -71,12 +71,16 @@ class Config:
     pos_weight_max: float = 50.0
     """Cap on the positive-class weights."""
     sparse_time_c: float | None = DEFAULT_C
-    """With model.sparse_time, the inverse L1 strength of the sparse time path's regression (0.1). null: the
-    one of ``evaluation.sparse_time.C_GRID`` (0.1, 0.3) with the best macro AP of the path alone on the tuning
-    split, scored on up to 60 of its label codes before the deep training; ``metrics.json`` ``sparse_time_c``
-    records it either way. Not the default: on four held-out cohorts the choice (0.3 on three of them) raised
-    the path's own macro AP but moved the model's by -0.006 to +0.004 at the oracle's cuts, and a fit at 0.3
-    takes 2-10 times as long (docs/benchmarks.md, "Twenty-ninth round")."""
+    """With model.sparse_time, the inverse L1 strength of the sparse time path's regression (its refit, after
+    ``sparse_time_select_c`` chose the codes each label reads). null: the one of
+    ``evaluation.sparse_time.C_GRID`` with the best macro AP of the path alone on the tuning split, scored on
+    up to 60 of its label codes before the deep training; ``metrics.json`` ``sparse_time_c`` records it either
+    way. Not the default: on four held-out cohorts a choice of one-fit strengths raised the path's own macro AP
+    but moved the model's by -0.006 to +0.004 at the oracle's cuts (docs/benchmarks.md, "Twenty-ninth round")."""
+    sparse_time_select_c: float | None = SELECT_C
+    """With model.sparse_time, the inverse L1 strength of the first fit of each label's regression, which only
+    chooses the other codes whose timing the label reads (a relaxed lasso; ``evaluation/sparse_time.py``).
+    null: one L1 fit at ``sparse_time_c`` on every column (the default until session 33, at 0.1)."""
     sparse_time_share: float | None = None
     """With model.sparse_time, the path's weight in the model's logit (the deep part has 1 minus it); null:
     the one of ``training.sparse_time_fit.SHARE_GRID`` with the best tuning macro AP after training (0.5
@@ -191,6 +195,7 @@ def run(config: Config) -> Path:
                 tc.progress_bar,
                 tuning=(tuning.seqs, tuning.samples, tuning.y),
                 seed=tc.seed,
+                select_c=config.sparse_time_select_c,
             )
         train_loader = make_loader(train.dataset, tc, train.collate, True)
         val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None

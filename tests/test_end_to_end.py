@@ -14,6 +14,7 @@ from behrt_rope.cli import main
 from behrt_rope.evaluation.baseline import C_GRID, GBM_GRID, GBM_TUNING_LABELS
 from behrt_rope.evaluation.ceiling import format_share
 from behrt_rope.evaluation.sparse_time import C_GRID as SPARSE_C_GRID
+from behrt_rope.evaluation.sparse_time import SELECT_C
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.sparse_time_fit import SHARE_GRID
 from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, error_line, read_metrics
@@ -85,7 +86,8 @@ def test_evaluate_writes_metrics_and_a_readable_report(visits_run):
     assert sparse["chosen_on"] == "tuning split" and sparse["c"] in SPARSE_C_GRID
     assert sparse["tuning_macro_ap"][f"{sparse['c']:g}"] == max(sparse["tuning_macro_ap"].values())
     html = (d["eval"] / S.REPORT_FILE).read_text()
-    assert f"(C={sparse['c']:g}, tuning split)" in html
+    assert sparse["select_c"] == SELECT_C  # a relaxed lasso: the report names both strengths
+    assert f"codes chosen at C={SELECT_C:g}, refit at C={sparse['c']:g}, tuning split)" in html
     assert "data:image/png;base64," in html and 'src="http' not in html
     assert "Bag-of-codes logistic regression" in html and "New-onset metrics" in html
     assert f"C={metrics['baseline_c']['logistic_regression']['c']:g}, tuning split" in html
@@ -116,8 +118,8 @@ def test_finetune_outputs_and_resume(visits_run):
     # ... scored as the saved model scores (eval mode): the same tuning macro AP as the final validation
     assert by_share[metrics["sparse_time_share"]] == pytest.approx(metrics["tuning_macro_ap"], abs=2e-5)
     assert float(fitted["sparse_time.share"]) == metrics["sparse_time_share"]
-    # and its L1 penalty is the fixed default (the tuning-split choice is opt-in: sparse_time_c=null)
-    assert metrics["sparse_time_c"] == {"c": 0.1, "chosen_on": "fixed (sparse_time_c)"}
+    # and its L1 penalties are the relaxed lasso's fixed defaults (choosing on the tuning split: sparse_time_c=null)
+    assert metrics["sparse_time_c"] == {"c": 0.3, "chosen_on": "fixed (sparse_time_c)", "select_c": 0.05}
     _run(
         "finetune",
         "--data",

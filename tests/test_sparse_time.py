@@ -10,6 +10,8 @@ from behrt_rope.evaluation.sparse_time import (
     AGE_EDGES,
     C_GRID,
     DEFAULT_C,
+    PER_CODE_COLUMNS,
+    SELECT_C,
     choose_sparse_c,
     fit_predict_sparse_time,
     fit_sparse_time,
@@ -131,12 +133,14 @@ def test_choose_sparse_c_finds_a_weaker_penalty_where_positives_are_few() -> Non
     rng = np.random.default_rng(3)
     train, y_train, _ = _timing_cohort(600, rng)  # label 0: about 60 positives
     tune, y_tune, _ = _timing_cohort(3000, rng)
-    c, scores, n_labels, start = choose_sparse_c(train, y_train, tune, y_tune, grid=(0.002, 0.3), n_jobs=1)
+    c, scores, n_labels, start = choose_sparse_c(
+        train, y_train, tune, y_tune, grid=(0.002, 0.3), n_jobs=1, select_c=None
+    )
     assert n_labels == 2  # label 2 has no positive: never sampled
     assert start.c == 0.3 and start.fitted is not None and start.fitted.tolist() == [True, True, False]
     assert list(scores) == [0.002, 0.3] and c == 0.3
     assert scores[0.3] > scores[0.002] + 0.05  # seeded
-    fit = fit_sparse_time(train, y_train, 0.3, n_jobs=1)
+    fit = fit_sparse_time(train, y_train, 0.3, n_jobs=1, select_c=None)
     expected = np.mean([average_precision_score(y_tune[:, j], fit.logits(tune)[:, j]) for j in (0, 1)])
     assert scores[0.3] == pytest.approx(expected, abs=1e-9)
 
@@ -146,7 +150,7 @@ def test_choose_sparse_c_keeps_the_first_c_when_nothing_can_be_scored_and_needs_
     train, y_train, _ = _timing_cohort(300, rng)
     c, scores, n_labels, _ = choose_sparse_c(train, y_train, train, np.zeros_like(y_train), n_jobs=1)
     assert (c, n_labels) == (C_GRID[0], 0) and set(scores.values()) == {0.0}
-    assert C_GRID[0] == DEFAULT_C  # ties keep the penalty chosen on the small-vocabulary tuning cohorts
+    assert C_GRID[0] == DEFAULT_C  # ties keep the default refit strength
     with pytest.raises(ValueError, match="at least one C"):
         choose_sparse_c(train, y_train, train, y_train, grid=())
 
@@ -159,12 +163,13 @@ def test_sparse_c_setting_builds_the_tuning_features_only_to_choose() -> None:
         raise AssertionError("the tuning features were built without a choice to make")
 
     fixed = sparse_c_setting(0.5, train, y_train, never, y_train)
-    assert fixed == (0.5, {"c": 0.5, "chosen_on": "fixed (sparse_time_c)"}, None)
-    no_rows = sparse_c_setting(None, train, y_train, never, np.zeros((0, 3)))
-    assert no_rows == (DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"}, None)
+    assert fixed == (0.5, {"c": 0.5, "chosen_on": "fixed (sparse_time_c)", "select_c": SELECT_C}, None)
+    no_rows = sparse_c_setting(None, train, y_train, never, np.zeros((0, 3)), select_c=None)
+    assert no_rows == (DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)", "select_c": None}, None)
     c, report, start = sparse_c_setting(None, train, y_train, lambda: train, y_train)
-    assert start is not None and start.c == c
+    assert start is not None and (start.c, start.select_c) == (c, SELECT_C)
     assert report["chosen_on"] == "tuning split" and report["c"] == c and report["tuning_labels"] == 2
+    assert report["select_c"] == SELECT_C
     assert report["tuning_macro_ap"][f"{c:g}"] == max(report["tuning_macro_ap"].values())
 
 
@@ -182,9 +187,9 @@ def test_the_full_fit_takes_over_the_choice_s_labels_and_equals_a_fit_from_scrat
     runs: list[int] = []
     fit_label = sparse_time._fit_label
 
-    def counted(train: TimeFeatures, shared: object, j: int, y_j: np.ndarray, c: float) -> object:
+    def counted(train: TimeFeatures, shared: object, j: int, y_j: np.ndarray, c: float, select_c: object) -> object:
         runs.append(j)
-        return fit_label(train, shared, j, y_j, c)
+        return fit_label(train, shared, j, y_j, c, select_c)
 
     monkeypatch.setattr(sparse_time, "_fit_label", counted)
     taken_over = fit_sparse_time(features, y, c=0.3, n_jobs=1, start=start)
@@ -194,3 +199,49 @@ def test_the_full_fit_takes_over_the_choice_s_labels_and_equals_a_fit_from_scrat
     runs.clear()
     fit_sparse_time(features, y, c=0.1, n_jobs=1, start=start)
     assert runs == [0, 1]
+    runs.clear()
+    fit_sparse_time(features, y, c=0.3, n_jobs=1, start=start, select_c=None)  # same C, codes chosen otherwise
+    assert runs == [0, 1]
+
+
+def _noisy_cohort(n: int, codes: int, rng: np.random.Generator) -> tuple[TimeFeatures, np.ndarray]:
+    """Label 0 follows code 1's years since first record (likely 2-3 years after it); every label code is
+    recorded at random with random timing, so most of the ``codes`` are noise to label 0."""
+    per_code = np.full((n, codes, 6), NAN, dtype=np.float32)
+    per_code[:, :, [0, 1, 5]] = 0.0
+    ever = rng.random((n, codes)) < 0.4
+    years = rng.uniform(0.0, 10.0, (n, codes))
+    rows, cols = np.nonzero(ever)
+    per_code[rows, cols, 0], per_code[rows, cols, 1], per_code[rows, cols, 4] = 1.0, 1.0, years[rows, cols]
+    per_code[rows, cols, 2], per_code[rows, cols, 3] = 3.0, 180.0
+    per_code[rows, cols, 5] = rng.random(len(rows)) < 0.3
+    per_sample = np.column_stack([rng.uniform(20, 80, n), rng.integers(1, 20, n), rng.uniform(10, 300, n), np.ones(n)])
+    window = ever[:, 1] & (years[:, 1] >= 2.0) & (years[:, 1] < 3.0)
+    y = (rng.random((n, codes)) < 0.1).astype(np.int64)
+    y[:, 0] = rng.random(n) < np.where(window, 0.5, 0.05)
+    return TimeFeatures(per_code, per_sample.astype(np.float32)), y
+
+
+def _codes_read(fit: object, label: int, codes: int) -> set[int]:
+    """The label codes whose shared timing columns carry a weight in ``label``'s regression."""
+    timing = fit.shared_weight[label, : PER_CODE_COLUMNS * codes].reshape(codes, PER_CODE_COLUMNS)  # type: ignore[attr-defined]
+    return set(np.flatnonzero(np.any(timing != 0, axis=1)).tolist())
+
+
+def test_the_relaxed_fit_reads_only_the_codes_its_selection_chose_and_shrinks_them_less() -> None:
+    """The first fit (strong penalty) chooses the codes; the refit (weak penalty) reads exactly those, so it
+    keeps the noise codes a single fit at the weak penalty lets in out, and gives the true code's window a
+    larger weight than a single fit at the strong penalty."""
+    rng = np.random.default_rng(8)
+    codes = 30
+    features, y = _noisy_cohort(4000, codes, rng)
+    relaxed = fit_sparse_time(features, y, c=0.3, n_jobs=1, labels=np.array([0]), select_c=0.02)
+    selection = fit_sparse_time(features, y, c=0.02, n_jobs=1, labels=np.array([0]), select_c=None)
+    weak = fit_sparse_time(features, y, c=0.3, n_jobs=1, labels=np.array([0]), select_c=None)
+    chosen = _codes_read(selection, 0, codes)
+    assert 1 in chosen and _codes_read(relaxed, 0, codes) == chosen  # exactly the chosen codes, all 7 columns free
+    assert len(_codes_read(weak, 0, codes) - {1}) > len(chosen - {1})  # seeded: the weak single fit reads more noise
+    window = 2  # code 1's 2-3 year bin among its 7 shared columns
+    strong_weight = selection.shared_weight[0, PER_CODE_COLUMNS + window]
+    assert relaxed.shared_weight[0, PER_CODE_COLUMNS + window] > strong_weight > 0
+    assert relaxed.select_c == 0.02 and selection.select_c is None

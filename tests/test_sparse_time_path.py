@@ -14,7 +14,14 @@ from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targe
 from behrt_rope.data.sequences import load_tokens, load_vocabulary
 from behrt_rope.etl.config import EtlConfig, SplitConfig
 from behrt_rope.etl.runner import run_etl
-from behrt_rope.evaluation.sparse_time import C_GRID, DEFAULT_C, fit_sparse_time, own_design, shared_design
+from behrt_rope.evaluation.sparse_time import (
+    C_GRID,
+    DEFAULT_C,
+    SELECT_C,
+    fit_sparse_time,
+    own_design,
+    shared_design,
+)
 from behrt_rope.evaluation.time_features import time_features
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.heads import BehrtForMultiLabel
@@ -125,9 +132,14 @@ def test_fit_path_chooses_its_c_on_the_tuning_samples_unless_one_is_given(tmp_pa
     assert model.sparse_time is not None
     np.testing.assert_allclose(model.sparse_time.shared_weight.numpy(), fit.shared_weight)
     no_tuning = fit_path(model, seqs, samples, label_of_token, y, None, False)["sparse_time_c"]
-    assert no_tuning == {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)"}
+    assert no_tuning == {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)", "select_c": SELECT_C}
     fixed = fit_path(model, seqs, samples, label_of_token, y, 1.0, False, tuning=(seqs, samples, y))["sparse_time_c"]
-    assert fixed == {"c": 1.0, "chosen_on": "fixed (sparse_time_c)"}
+    assert fixed == {"c": 1.0, "chosen_on": "fixed (sparse_time_c)", "select_c": SELECT_C}
+    # one L1 fit on every column, as before the relaxed lasso: the loaded weights are that fit's
+    one_fit = fit_path(model, seqs, samples, label_of_token, y, 1.0, False, select_c=None)["sparse_time_c"]
+    assert one_fit["select_c"] is None
+    plain = fit_sparse_time(time_features(seqs, samples, label_of_token), y, c=1.0, n_jobs=1, select_c=None)
+    np.testing.assert_allclose(model.sparse_time.shared_weight.numpy(), plain.shared_weight)
 
 
 def _path_args(batch):

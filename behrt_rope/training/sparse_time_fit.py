@@ -18,7 +18,7 @@ from scipy.special import logit as _logit
 
 from behrt_rope.data.labels import Samples
 from behrt_rope.data.sequences import Sequences
-from behrt_rope.evaluation.sparse_time import SparseTimeFit, fit_sparse_time, sparse_c_setting
+from behrt_rope.evaluation.sparse_time import SELECT_C, SparseTimeFit, fit_sparse_time, sparse_c_setting
 from behrt_rope.evaluation.time_features import TimeFeatures, time_features
 from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.training.inference import score_parts
@@ -39,25 +39,29 @@ def fit_path(
     progress: bool = True,
     tuning: tuple[Sequences, Samples, np.ndarray] | None = None,
     seed: int = 0,
+    select_c: float | None = SELECT_C,
 ) -> dict[str, Any]:
     """Fit the path's regression on ``samples`` of ``seqs`` (``y`` ``(N, L)`` their targets) and load it; a
     progress bar over the labels unless ``progress`` is false (``trainer.progress_bar``). ``c`` fixes the
     inverse L1 strength; None chooses it from :data:`~behrt_rope.evaluation.sparse_time.C_GRID` on
     ``tuning`` (its sequences, samples and ``(N_tune, L)`` targets; :data:`DEFAULT_C` without tuning
-    samples). Deterministic, so every DDP rank fits the same. Returns what ``metrics.json`` records."""
+    samples); ``select_c`` is the strength of the fit that chooses the codes each label reads (None: one fit).
+    Deterministic, so every DDP rank fits the same. Returns what ``metrics.json`` records."""
     assert model.sparse_time is not None
     started = time.perf_counter()
     features = time_features(seqs, samples, label_of_token)
-    c, report, start = _path_c(features, y, c, tuning, label_of_token, seed)
-    fit = fit_sparse_time(features, y, c, progress=progress, start=start)
+    c, report, start = _path_c(features, y, c, tuning, label_of_token, seed, select_c)
+    fit = fit_sparse_time(features, y, c, progress=progress, start=start, select_c=select_c)
     model.sparse_time.load_fit(
         torch.from_numpy(fit.own_weight), torch.from_numpy(fit.shared_weight), torch.from_numpy(fit.bias)
     )
     nonzero = int((fit.own_weight != 0).sum() + (fit.shared_weight != 0).sum())
     log.info(
-        "finetune: sparse time path fitted on %d samples (C=%g): %.1f non-zero weights per label, %.1f s",
+        "finetune: sparse time path fitted on %d samples (C=%g, codes chosen at C=%s): %.1f non-zero weights "
+        "per label, %.1f s",
         len(y),
         c,
+        "none" if select_c is None else f"{select_c:g}",
         nonzero / max(len(fit.bias), 1),
         time.perf_counter() - started,
     )
@@ -71,6 +75,7 @@ def _path_c(
     tuning: tuple[Sequences, Samples, np.ndarray] | None,
     label_of_token: np.ndarray,
     seed: int,
+    select_c: float | None,
 ) -> tuple[float, dict[str, Any], SparseTimeFit | None]:
     """The path's C and how it was set: ``c`` when given, else the best of ``C_GRID`` on ``tuning`` (with the
     choice's fit of its sampled labels, which the full fit takes over)."""
@@ -80,7 +85,7 @@ def _path_c(
         assert tuning is not None  # called only with tuning rows
         return time_features(tuning[0], tuning[1], label_of_token)
 
-    return sparse_c_setting(c, features, y, tune, y_tune, seed, log, "finetune: sparse time path")
+    return sparse_c_setting(c, features, y, tune, y_tune, seed, log, "finetune: sparse time path", select_c)
 
 
 def set_path_share(
