@@ -62,7 +62,7 @@ DEFAULT_C = 0.3
 """Inverse L1 strength of the refit where none is chosen on the data (no tuning split)."""
 SELECT_C = 0.05
 """Inverse L1 strength of the first fit, which only chooses the other codes a label reads (None: no such fit).
-Selecting at 0.05 and refitting at 0.3 raised the model's tuning macro AP on all five tuning cohorts tried
+Selecting at 0.05 and refitting at 0.3 raised the model's tuning macro AP on all seven tuning cohorts tried
 (+0.0008 to +0.0047) against one fit at 0.1 (docs/benchmarks.md, "Thirty-first round")."""
 C_GRID = (DEFAULT_C, 1.0)
 """The inverse L1 strengths of the refit that :func:`choose_sparse_c` picks from on the tuning split,
