@@ -97,12 +97,12 @@ class ModelConfig:
     scales, and years since first recorded (8 weights per label); false: the bag of codes alone."""
     sparse_time: bool = True
     """Fine-tuning head (visit pooling): add the sparse time path (``sparse_time_path.py``), an L1 logistic
-    regression on binned timing of every label code that ``finetune`` fits with scikit-learn before the deep
-    training and keeps frozen; the model's logit is a weighted mean of the path's and the deep part's, the
-    weight chosen on the tuning split (``finetune`` ``sparse_time_share``). On since
-    session 11: tuning macro AP 0.4082 / 0.2538 against 0.4021 / 0.2509 without it on two cohorts (gradient
-    boosting 0.4009 / 0.2411), about 40 s more fine-tuning for 40,000 samples (docs/benchmarks.md, "Tenth
-    round"). False: the deep model alone."""
+    regression on binned timing of every label code (a relaxed lasso since session 33: ``finetune``
+    ``sparse_time_select_c``) that ``finetune`` fits with scikit-learn before the deep training and keeps
+    frozen; the model's logit is a weighted mean of the path's and the deep part's, the weight chosen on the
+    tuning split (``finetune`` ``sparse_time_share``). On since session 11: tuning macro AP 0.4082 / 0.2538
+    against 0.4021 / 0.2509 without it on two cohorts (gradient boosting 0.4009 / 0.2411), about 40 s more
+    fine-tuning for 40,000 samples (docs/benchmarks.md, "Tenth round"). False: the deep model alone."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
