@@ -91,7 +91,7 @@ def shared_design(features: TimeFeatures) -> sp.csr_matrix:
     bins."""
     per_code = features.per_code  # (N, L, 6): ever, n_visits, visits_since, days_since, years_since_first, in_last
     n, n_codes = per_code.shape[:2]
-    width = len(YEARS_EDGES) + 2
+    width = PER_CODE_COLUMNS  # the layout refit_columns and the model's path read
     rows, codes = np.nonzero(~np.isnan(per_code[:, :, 4]))  # recorded codes
     year_bin = np.digitize(per_code[rows, codes, 4], YEARS_EDGES)
     last_rows, last_codes = np.nonzero(per_code[:, :, 5] > 0)
