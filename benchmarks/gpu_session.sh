@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU checks, as one prepared script for a lent GPU machine (its own torch and Lightning, nothing installed).
+#
+#     OUT=/some/folder bash benchmarks/gpu_session.sh
+#
+# Runs, each under its own time limit, writing one log per step to $OUT:
+#   1. env.txt        versions of what the code relies on, and nvidia-smi;
+#   2. gpu_tests.log  the GPU-marked tests (`pytest -m gpu`);
+#   3. throughput.log `benchmarks/train_throughput.py --device cuda` (ours against Hugging Face's RoFormer), alone;
+#   4. demo.log       `python -m pipelines.demo` end to end, accelerator=auto (so training on the GPU), beside
+#   5. suite.log      the CPU-marked suite on the same host with CUDA visible (`pytest -m "not gpu"`).
+# The demo's metrics.json and run summary are copied to $OUT too. Steps 4 and 5 share the host, so the demo's
+# stage times there are upper bounds; steps 2 and 3 run alone.
+set -u
+OUT=${OUT:?set OUT to a folder for the logs}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" MPLBACKEND=Agg
+PY=${PY:-python3}
+mkdir -p "$OUT"
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    "$PY" - <<'EOF'
+import importlib
+for name in ("torch", "pytorch_lightning", "numpy", "pandas", "pyarrow", "sklearn", "matplotlib", "transformers"):
+    try:
+        print(name, importlib.import_module(name).__version__)
+    except ImportError as error:
+        print(name, "missing:", error)
+import torch
+print("cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+EOF
+    nproc
+} >"$OUT/env.txt" 2>&1
+
+# meds-evaluation is a dev extra the GPU image lacks; those tests read files only and run in CI.
+IGNORE=(--ignore=tests/test_wild_inputs.py -p no:cacheprovider)
+
+timeout "${GPU_TESTS_LIMIT:-100}" "$PY" -m pytest -m gpu "${IGNORE[@]}" -q -rs tests/test_gpu.py tests/test_pretrain.py \
+    >"$OUT/gpu_tests.log" 2>&1
+echo "rc=$?" >>"$OUT/gpu_tests.log"
+
+timeout "${THROUGHPUT_LIMIT:-100}" "$PY" benchmarks/train_throughput.py --device cuda --rounds 2 >"$OUT/throughput.log" 2>&1
+echo "rc=$?" >>"$OUT/throughput.log"
+
+DEMO=$(mktemp -d)/demo
+(
+    started=$SECONDS
+    timeout "${DEMO_LIMIT:-380}" "$PY" -m pipelines.demo --out "$DEMO" >"$OUT/demo.log" 2>&1
+    echo "rc=$? wall_s=$((SECONDS - started))" >>"$OUT/demo.log"
+    cp "$DEMO"/finetune/metrics.json "$OUT/finetune_metrics.json" 2>/dev/null
+    cp "$DEMO"/evaluate/metrics.json "$OUT/evaluate_metrics.json" 2>/dev/null
+) &
+started_suite=$SECONDS
+timeout "${SUITE_LIMIT:-300}" "$PY" -m pytest -m "not gpu" "${IGNORE[@]}" -q -n 8 --dist loadfile \
+    >"$OUT/suite.log" 2>&1
+echo "rc=$? wall_s=$((SECONDS - started_suite))" >>"$OUT/suite.log"
+wait
