@@ -23,7 +23,14 @@ TINY_MODEL = (
 )
 """A model small enough that a pre-training epoch on the tiny cohort takes well under a second."""
 
-FAST_TRAINER = ("trainer.batch_size=32", "trainer.progress_bar=false", "trainer.log_every_n_steps=1")
+FAST_TRAINER = (
+    "trainer.batch_size=32",
+    "trainer.progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "trainer.accelerator=cpu",
+)
+"""Quiet, fast trainer settings, on the CPU on any host: several tests assert bitwise reproducibility, which
+holds on the CPU only (a GPU's bf16 autocast and atomic reductions break it). The GPU tests override it."""
 
 
 def write_cohort(raw_dir: Path, patients: int, seed: int = 0) -> Path:
