@@ -1,6 +1,7 @@
 """A sparse logistic regression on binned time features of every label code, against a fine-tuned model.
 
     python benchmarks/sparse_time_lr.py --etl ETL_DIR [--model FINETUNE_DIR] [--c 0.03 0.1 0.3] [--select-c none]
+                                         [--bins cumulative|indicator]
 
 The gradient-boosted reference reads, per label, that label's own time features and only whether each other
 code was ever recorded. This script asks what a *linear* model gets from the timing of every code, with an
@@ -12,7 +13,8 @@ spreads its weight. Nothing here knows a generator: the features are built from 
 Fitted per label on the train split's next-visit samples (every visit), scored on the **tuning** split's
 (held-out is never read), for each ``--c`` (the inverse L1 strength: of the refit, when a first fit at
 ``--select-c``, 0.05 by default as in the library, chose the codes each label reads, a relaxed lasso;
-``--select-c none`` fits once). Prints JSON: tuning macro AP of the fine-tuned model (``--model``, whose
+``--select-c none`` fits once; ``--bins`` how the fits read the ordered time bins, cumulative by default as in
+the library). Prints JSON: tuning macro AP of the fine-tuned model (``--model``, whose
 labels are the ones scored) and of the sparse regression at each C, with the mean number of non-zero weights
 per label, the CPU seconds of the fits, and the macro AP of the mean of its logit and the model's (an ensemble
 of the two). Since session 11 the default model already averages itself with this regression (its sparse time
@@ -36,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from behrt_rope import schema as S  # noqa: E402
 from behrt_rope.data.labels import Samples, TaskConfig, build_samples, label_index, targets  # noqa: E402
 from behrt_rope.data.sequences import Sequences, load_tokens  # noqa: E402
-from behrt_rope.evaluation.sparse_time import SELECT_C, fit_sparse_time  # noqa: E402
+from behrt_rope.evaluation.sparse_time import BINS, DEFAULT_BINS, SELECT_C, fit_sparse_time  # noqa: E402
 from behrt_rope.evaluation.time_features import time_features  # noqa: E402
 from behrt_rope.training.bundle import load_bundle  # noqa: E402
 from behrt_rope.training.inference import multilabel_model, score  # noqa: E402
@@ -64,6 +66,7 @@ def main() -> None:
         default=SELECT_C,
         help="inverse L1 strength of the fit that chooses the codes each label reads; none: one fit on everything",
     )
+    parser.add_argument("--bins", choices=BINS, default=DEFAULT_BINS, help="how the fits read the ordered bins")
     args = parser.parse_args()
     seqs = load_tokens(args.etl)
     bundle = load_bundle(args.model, "multilabel")
@@ -76,13 +79,14 @@ def main() -> None:
         "train_samples": len(f_train),
         "tuning_samples": len(f_tuning),
         "select_c": args.select_c,
+        "bins": args.bins,
     }
     probs = score(multilabel_model(bundle), tuning, tuning_samples.rows, tuning_samples.cuts)
     result["model"] = round(macro_average_precision(y_tuning, probs), 4)
     model_logits = logit(probs)
     for c in args.c:
         started = time.process_time()
-        fit = fit_sparse_time(f_train, y_train, c, n_jobs=1, select_c=args.select_c)
+        fit = fit_sparse_time(f_train, y_train, c, n_jobs=1, select_c=args.select_c, bins=args.bins)
         scores = fit.logits(f_tuning)
         fitted = y_train.min(axis=0) < y_train.max(axis=0)
         nonzero = ((fit.own_weight != 0).sum(1) + (fit.shared_weight != 0).sum(1))[fitted]

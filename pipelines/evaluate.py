@@ -124,6 +124,8 @@ class Config:
     sparse_time_select_c: float | None = SELECT_C
     """Inverse L1 strength of the first fit of each label's sparse time regression, which only chooses the
     other codes it reads (a relaxed lasso, as ``finetune sparse_time_select_c``); null: one fit on everything."""
+    sparse_time_bins: Literal["cumulative", "indicator"] = "cumulative"
+    """How the sparse time regression reads the ordered time bins, as ``finetune sparse_time_bins``."""
     oracle: str = ""
     """A `behrt-rope synth ... oracle=true` output directory (or one oracle file): adds the ceiling; a
     directory that also holds the record oracle (``synth ... record_oracle=true``) adds that second ceiling
@@ -353,6 +355,7 @@ def _references(data: References, config: Config) -> tuple[dict[str, np.ndarray]
             progress=config.progress,
             start=start,
             select_c=config.sparse_time_select_c,
+            bins=config.sparse_time_bins,
         )
     return out, choices
 
@@ -360,10 +363,11 @@ def _references(data: References, config: Config) -> tuple[dict[str, np.ndarray]
 def _sparse_time_info(choice: dict[str, Any]) -> str:
     """The report's run-info line for the sparse time regression, from its ``sparse_time_c`` record.
 
-    >>> _sparse_time_info({"c": 0.3, "chosen_on": "tuning split", "select_c": 0.05})[58:]
-    '(relaxed: codes chosen at C=0.05, refit at C=0.3, tuning split)'
-    >>> _sparse_time_info({"c": 0.1, "chosen_on": "fixed (sparse_time_c)", "select_c": None})[58:]
-    '(C=0.1, fixed (sparse_time_c))'
+    >>> relaxed = {"c": 0.3, "chosen_on": "tuning split", "select_c": 0.05, "bins": "cumulative"}
+    >>> _sparse_time_info(relaxed).split(" time features of every label code ")
+    ['L1 regression on cumulative bins of the', '(relaxed: codes chosen at C=0.05, refit at C=0.3, tuning split)']
+    >>> _sparse_time_info({"c": 0.1, "chosen_on": "fixed (sparse_time_c)", "select_c": None})[17:]
+    'indicator bins of the time features of every label code (C=0.1, fixed (sparse_time_c))'
     """
     select_c = choice.get("select_c")
     strength = (
@@ -371,7 +375,8 @@ def _sparse_time_info(choice: dict[str, Any]) -> str:
         if select_c is None
         else f"relaxed: codes chosen at C={select_c:g}, refit at C={choice['c']:g}"
     )
-    return f"L1 regression on binned time features of every label code ({strength}, {choice['chosen_on']})"
+    bins = f"{choice.get('bins', 'indicator')} bins of the"
+    return f"L1 regression on {bins} time features of every label code ({strength}, {choice['chosen_on']})"
 
 
 def _sparse_c(
@@ -389,6 +394,7 @@ def _sparse_c(
         log,
         "evaluate: sparse time regression",
         config.sparse_time_select_c,
+        config.sparse_time_bins,
     )
 
 

@@ -81,6 +81,10 @@ class Config:
     """With model.sparse_time, the inverse L1 strength of the first fit of each label's regression, which only
     chooses the other codes whose timing the label reads (a relaxed lasso; ``evaluation/sparse_time.py``).
     null: one L1 fit at ``sparse_time_c`` on every column (the default until session 33, at 0.1)."""
+    sparse_time_bins: Literal["cumulative", "indicator"] = "cumulative"
+    """With model.sparse_time, how its regression reads the ordered time bins: ``cumulative`` (a weight per step
+    from one bin to the next, so the L1 penalty falls on the steps) or ``indicator`` (a weight per bin, the
+    default until session 34). The model keeps a weight per bin either way (``evaluation/sparse_time.py``)."""
     sparse_time_share: float | None = None
     """With model.sparse_time, the path's weight in the model's logit (the deep part has 1 minus it); null:
     the one of ``training.sparse_time_fit.SHARE_GRID`` with the best tuning macro AP after training (0.5
@@ -196,6 +200,7 @@ def run(config: Config) -> Path:
                 tuning=(tuning.seqs, tuning.samples, tuning.y),
                 seed=tc.seed,
                 select_c=config.sparse_time_select_c,
+                bins=config.sparse_time_bins,
             )
         train_loader = make_loader(train.dataset, tc, train.collate, True)
         val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None

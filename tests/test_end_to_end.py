@@ -86,8 +86,9 @@ def test_evaluate_writes_metrics_and_a_readable_report(visits_run):
     assert sparse["chosen_on"] == "tuning split" and sparse["c"] in SPARSE_C_GRID
     assert sparse["tuning_macro_ap"][f"{sparse['c']:g}"] == max(sparse["tuning_macro_ap"].values())
     html = (d["eval"] / S.REPORT_FILE).read_text()
-    assert sparse["select_c"] == SELECT_C  # a relaxed lasso: the report names both strengths
-    assert f"codes chosen at C={SELECT_C:g}, refit at C={sparse['c']:g}, tuning split)" in html
+    assert (sparse["select_c"], sparse["bins"]) == (SELECT_C, "cumulative")  # the report names both, and the bins
+    line = "L1 regression on cumulative bins of the time features of every label code"
+    assert f"{line} (relaxed: codes chosen at C={SELECT_C:g}, refit at C={sparse['c']:g}, tuning split)" in html
     assert "data:image/png;base64," in html and 'src="http' not in html
     assert "Bag-of-codes logistic regression" in html and "New-onset metrics" in html
     assert f"C={metrics['baseline_c']['logistic_regression']['c']:g}, tuning split" in html
@@ -119,7 +120,8 @@ def test_finetune_outputs_and_resume(visits_run):
     assert by_share[metrics["sparse_time_share"]] == pytest.approx(metrics["tuning_macro_ap"], abs=2e-5)
     assert float(fitted["sparse_time.share"]) == metrics["sparse_time_share"]
     # and its L1 penalties are the relaxed lasso's fixed defaults (choosing on the tuning split: sparse_time_c=null)
-    assert metrics["sparse_time_c"] == {"c": 0.3, "chosen_on": "fixed (sparse_time_c)", "select_c": 0.05}
+    rule = {"select_c": 0.05, "bins": "cumulative"}
+    assert metrics["sparse_time_c"] == {"c": 0.3, "chosen_on": "fixed (sparse_time_c)", **rule}
     _run(
         "finetune",
         "--data",

@@ -10,11 +10,14 @@ from behrt_rope.evaluation.sparse_time import (
     AGE_EDGES,
     C_GRID,
     DEFAULT_C,
+    OWN_COLUMNS,
     PER_CODE_COLUMNS,
     SELECT_C,
+    CumulativeBins,
     choose_sparse_c,
     fit_predict_sparse_time,
     fit_sparse_time,
+    label_design,
     own_design,
     shared_design,
     sparse_c_setting,
@@ -163,13 +166,17 @@ def test_sparse_c_setting_builds_the_tuning_features_only_to_choose() -> None:
         raise AssertionError("the tuning features were built without a choice to make")
 
     fixed = sparse_c_setting(0.5, train, y_train, never, y_train)
-    assert fixed == (0.5, {"c": 0.5, "chosen_on": "fixed (sparse_time_c)", "select_c": SELECT_C}, None)
-    no_rows = sparse_c_setting(None, train, y_train, never, np.zeros((0, 3)), select_c=None)
-    assert no_rows == (DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)", "select_c": None}, None)
+    rule = {"select_c": SELECT_C, "bins": "cumulative"}
+    assert fixed == (0.5, {"c": 0.5, "chosen_on": "fixed (sparse_time_c)", **rule}, None)
+    no_rows = sparse_c_setting(None, train, y_train, never, np.zeros((0, 3)), select_c=None, bins="indicator")
+    default = {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)", "select_c": None, "bins": "indicator"}
+    assert no_rows == (DEFAULT_C, default, None)
     c, report, start = sparse_c_setting(None, train, y_train, lambda: train, y_train)
-    assert start is not None and (start.c, start.select_c) == (c, SELECT_C)
+    assert start is not None and (start.c, start.select_c, start.bins) == (c, SELECT_C, "cumulative")
     assert report["chosen_on"] == "tuning split" and report["c"] == c and report["tuning_labels"] == 2
-    assert report["select_c"] == SELECT_C
+    assert (report["select_c"], report["bins"]) == (SELECT_C, "cumulative")
+    with pytest.raises(ValueError, match="bins must be one of cumulative, indicator, got 'ordinal'"):
+        sparse_c_setting(0.5, train, y_train, never, y_train, bins="ordinal")
     assert report["tuning_macro_ap"][f"{c:g}"] == max(report["tuning_macro_ap"].values())
 
 
@@ -187,9 +194,11 @@ def test_the_full_fit_takes_over_the_choice_s_labels_and_equals_a_fit_from_scrat
     runs: list[int] = []
     fit_label = sparse_time._fit_label
 
-    def counted(train: TimeFeatures, shared: object, j: int, y_j: np.ndarray, c: float, select_c: object) -> object:
+    def counted(
+        train: TimeFeatures, shared: object, j: int, y_j: np.ndarray, c: float, select_c: object, coding: object
+    ) -> object:
         runs.append(j)
-        return fit_label(train, shared, j, y_j, c, select_c)
+        return fit_label(train, shared, j, y_j, c, select_c, coding)
 
     monkeypatch.setattr(sparse_time, "_fit_label", counted)
     taken_over = fit_sparse_time(features, y, c=0.3, n_jobs=1, start=start)
@@ -201,6 +210,9 @@ def test_the_full_fit_takes_over_the_choice_s_labels_and_equals_a_fit_from_scrat
     assert runs == [0, 1]
     runs.clear()
     fit_sparse_time(features, y, c=0.3, n_jobs=1, start=start, select_c=None)  # same C, codes chosen otherwise
+    assert runs == [0, 1]
+    runs.clear()
+    fit_sparse_time(features, y, c=0.3, n_jobs=1, start=start, bins="indicator")  # same C, bins read otherwise
     assert runs == [0, 1]
 
 
@@ -235,9 +247,10 @@ def test_the_relaxed_fit_reads_only_the_codes_its_selection_chose_and_shrinks_th
     rng = np.random.default_rng(8)
     codes = 30
     features, y = _noisy_cohort(4000, codes, rng)
-    relaxed = fit_sparse_time(features, y, c=0.3, n_jobs=1, labels=np.array([0]), select_c=0.02)
-    selection = fit_sparse_time(features, y, c=0.02, n_jobs=1, labels=np.array([0]), select_c=None)
-    weak = fit_sparse_time(features, y, c=0.3, n_jobs=1, labels=np.array([0]), select_c=None)
+    one_label = {"n_jobs": 1, "labels": np.array([0]), "bins": "indicator"}  # a weight per bin, shrunk alone
+    relaxed = fit_sparse_time(features, y, c=0.3, select_c=0.02, **one_label)
+    selection = fit_sparse_time(features, y, c=0.02, select_c=None, **one_label)
+    weak = fit_sparse_time(features, y, c=0.3, select_c=None, **one_label)
     chosen = _codes_read(selection, 0, codes)
     assert 1 in chosen and _codes_read(relaxed, 0, codes) == chosen  # exactly the chosen codes, all 7 columns free
     assert len(_codes_read(weak, 0, codes) - {1}) > len(chosen - {1})  # seeded: the weak single fit reads more noise
@@ -245,3 +258,47 @@ def test_the_relaxed_fit_reads_only_the_codes_its_selection_chose_and_shrinks_th
     strong_weight = selection.shared_weight[0, PER_CODE_COLUMNS + window]
     assert relaxed.shared_weight[0, PER_CODE_COLUMNS + window] > strong_weight > 0
     assert relaxed.select_c == 0.02 and selection.select_c is None
+
+
+def test_cumulative_bins_span_the_same_model_and_map_back_to_a_weight_per_bin() -> None:
+    """Any weights on the cumulative design give exactly the logits of their mapped-back weights on the
+    indicator design, so the model's per-bin buffers hold a cumulative fit unchanged."""
+    rng = np.random.default_rng(11)
+    codes = 4
+    features, _ = _noisy_cohort(300, codes, rng)
+    features.per_code[:, 0, 2:4] = rng.integers(0, 8, 300)[:, None]  # the own code's visits and days since
+    coding = CumulativeBins.for_labels(codes)
+    indicator = shared_design(features)
+    cumulative = (indicator @ coding.shared).tocsr()
+    weights = rng.normal(size=OWN_COLUMNS + indicator.shape[1])
+    for j in range(codes):
+        got = label_design(features, cumulative, j, coding.own) @ weights
+        want = label_design(features, indicator, j) @ coding.to_indicator(weights)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # cumulative column k of a code's years-since-first bins: recorded at least that long ago
+    years = features.per_code[:, 1, 4]
+    at_least_two = cumulative[:, PER_CODE_COLUMNS + 2].toarray().ravel()
+    np.testing.assert_array_equal(at_least_two, (years >= 2.0) & ~np.isnan(years))
+
+
+def test_cumulative_bins_find_an_effect_that_holds_over_the_years_at_a_penalty_that_hides_it_bin_by_bin() -> None:
+    """Label 0 is three times as likely once code 1 is recorded, however long ago (a step at its first bin);
+    among 30 codes recorded at random. At the same strong L1 penalty, cumulative bins pay for that effect once
+    and read code 1 alone, the same weight in each of its six year bins; a weight per bin pays six times, and
+    the fit all but drops it."""
+    rng = np.random.default_rng(8)
+    codes = 30
+    features, y = _noisy_cohort(4000, codes, rng)
+    ever = ~np.isnan(features.per_code[:, 1, 4])
+    y[:, 0] = rng.random(len(y)) < np.where(ever, 0.3, 0.1)  # log-odds ratio 1.35
+    fits = {
+        bins: fit_sparse_time(features, y, c=0.02, n_jobs=1, labels=np.array([0]), select_c=None, bins=bins)
+        for bins in ("cumulative", "indicator")
+    }
+    years = slice(PER_CODE_COLUMNS, 2 * PER_CODE_COLUMNS - 1)  # code 1's six years-since-first bins
+    cumulative, indicator = (fits[b].shared_weight[0, years] for b in ("cumulative", "indicator"))
+    assert _codes_read(fits["cumulative"], 0, codes) == {1}
+    np.testing.assert_allclose(cumulative, cumulative[0])
+    assert cumulative[0] > 0.5  # seeded: 0.80
+    assert indicator.mean() < 0.1 and (indicator == 0).sum() >= 4  # seeded: one bin at 0.05
+    assert fits["cumulative"].bins == "cumulative" and fits["indicator"].bins == "indicator"

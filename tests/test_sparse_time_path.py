@@ -132,9 +132,10 @@ def test_fit_path_chooses_its_c_on_the_tuning_samples_unless_one_is_given(tmp_pa
     assert model.sparse_time is not None
     np.testing.assert_allclose(model.sparse_time.shared_weight.numpy(), fit.shared_weight)
     no_tuning = fit_path(model, seqs, samples, label_of_token, y, None, False)["sparse_time_c"]
-    assert no_tuning == {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)", "select_c": SELECT_C}
+    rule = {"select_c": SELECT_C, "bins": "cumulative"}
+    assert no_tuning == {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)", **rule}
     fixed = fit_path(model, seqs, samples, label_of_token, y, 1.0, False, tuning=(seqs, samples, y))["sparse_time_c"]
-    assert fixed == {"c": 1.0, "chosen_on": "fixed (sparse_time_c)", "select_c": SELECT_C}
+    assert fixed == {"c": 1.0, "chosen_on": "fixed (sparse_time_c)", **rule}
     # one L1 fit on every column, as before the relaxed lasso: the loaded weights are that fit's
     one_fit = fit_path(model, seqs, samples, label_of_token, y, 1.0, False, select_c=None)["sparse_time_c"]
     assert one_fit["select_c"] is None

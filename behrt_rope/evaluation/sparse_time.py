@@ -20,6 +20,14 @@ per-sample columns. One L1 fit at one strength must trade the two against each o
 the chance pairs out (of ``L`` codes, few matter to a label), it shrinks the pairs and the own-code shape
 that do matter. ``select_c=None`` fits once, at ``c``, on everything.
 
+Both fits read the ordered bins *cumulatively* (``bins="cumulative"``, :class:`CumulativeBins`): the column
+of bin ``k`` is 1 where the value falls in bin ``k`` or a later one, so a weight is the step from one bin to
+the next and the L1 penalty is on the steps (a fused lasso along each time axis). A code whose effect holds
+the same over the years since it was first recorded then costs one weight, not six equal ones, which helps the
+selection tell the codes that matter from chance pairs. The two codings span the same model; the fitted
+weights are mapped back to one weight per bin (``bins="indicator"``, each bin its own column), the layout the
+model's buffers keep.
+
 Built from :class:`~behrt_rope.evaluation.time_features.TimeFeatures`, the gradient-boosted reference's
 own inputs; nothing is specific to a cohort. On the recurrence benchmark cohort it closed 82% of the
 logistic-regression-to-oracle gap at the held-out cuts, where the transformer closed 66% and gradient
@@ -63,13 +71,22 @@ DEFAULT_C = 0.3
 SELECT_C = 0.05
 """Inverse L1 strength of the first fit, which only chooses the other codes a label reads (None: no such fit).
 Selecting at 0.05 and refitting at 0.3 raised the model's tuning macro AP on all seven tuning cohorts tried
-(+0.0008 to +0.0047) against one fit at 0.1 (docs/benchmarks.md, "Thirty-first round")."""
+(+0.0008 to +0.0047) against one fit at 0.1 (docs/benchmarks.md, "Thirty-first round"). On cumulative bins,
+0.02 scored as 0.05 on ten tuning cohorts in half the time, but lost a narrow timing window in 3,000 samples
+that 0.05 finds (``tests/test_sparse_time.py``): 0.05 stays ("Thirty-second round")."""
 C_GRID = (DEFAULT_C, 1.0)
 """The inverse L1 strengths of the refit that :func:`choose_sparse_c` picks from on the tuning split,
 :data:`DEFAULT_C` first (ties go to it). With the codes chosen at :data:`SELECT_C`, refits at 0.3 and 1 scored
 within 0.0005 of each other on the tuning splits of seven cohorts of 64 to 295 codes, each ahead on some
 (docs/benchmarks.md, "Thirty-first round"). One fit on every column (``select_c=None``) had 0.1 best on 64 and
 92 codes and 0.3 on 295 and 779 ("Twenty-ninth round")."""
+BINS = ("cumulative", "indicator")
+"""How the fits read the ordered bins (the module docstring): ``cumulative`` (the default) or ``indicator`` (the
+default until session 34). Against it, at the same strengths (codes chosen at 0.05, refit at 0.3), cumulative
+bins moved the model's tuning macro AP by -0.0012 to +0.0032 on ten tuning cohorts, +0.0012 on average: gains
+on short, sparse histories and large vocabularies, a small loss on the two dense ones, where the fit takes 2.6
+to 4 times as long (docs/benchmarks.md, "Thirty-second round")."""
+DEFAULT_BINS = "cumulative"
 TUNING_LABELS = 60
 """Most label codes :func:`choose_sparse_c` scores each C on (a seeded sample; all when there are fewer)."""
 
@@ -131,9 +148,65 @@ def own_design(features: TimeFeatures, j: int) -> np.ndarray:
     )
 
 
-def label_design(features: TimeFeatures, shared: sp.csr_matrix, j: int) -> sp.csr_matrix:
-    """``(N, 20 + 7 L + 18)`` label ``j``'s model input: its own columns, then ``shared`` (:func:`shared_design`)."""
-    return sp.hstack([sp.csr_matrix(own_design(features, j)), shared], format="csr")
+def label_design(
+    features: TimeFeatures, shared: sp.csr_matrix, j: int, own_map: np.ndarray | None = None
+) -> sp.csr_matrix:
+    """``(N, 20 + 7 L + 18)`` label ``j``'s model input: its own columns (times ``own_map`` ``(20, 20)``
+    when given: :attr:`CumulativeBins.own`), then ``shared`` (:func:`shared_design`, coded the same way)."""
+    own = own_design(features, j)
+    return sp.hstack([sp.csr_matrix(own if own_map is None else own @ own_map), shared], format="csr")
+
+
+def _steps(size: int, first: bool) -> np.ndarray:
+    """``(size, size)`` the map from a group's indicator bins to its cumulative ones: column ``k`` adds the
+    bins ``k`` and later; without ``first``, column 0 (every bin: what ``ever`` or the intercept already is)
+    is left empty.
+
+    >>> _steps(3, first=False).tolist()
+    [[0.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 1.0]]
+    """
+    steps = np.tril(np.ones((size, size), dtype=np.float32))
+    if not first:
+        steps[:, 0] = 0.0
+    return steps
+
+
+@dataclass(frozen=True)
+class CumulativeBins:
+    """The cumulative coding of :func:`label_design`'s ordered bins (the module docstring): the design times
+    these block-diagonal maps is the cumulative design, and the maps times its weights are the indicator
+    weights, which give the same logits on the indicator design.
+
+    Grouped bins: the own code's visits, days and years since (``ever`` is their first bin), each other code's
+    years since first recorded (never recorded: no bin), age (always one bin: the intercept is the first) and
+    days since the previous visit (none at a history's first visit). Other columns pass through.
+    """
+
+    own: np.ndarray
+    """``(20, 20)`` for :func:`own_design`'s columns."""
+    shared: sp.csr_matrix
+    """``(7 L + 18, 7 L + 18)`` for :func:`shared_design`'s columns."""
+
+    @classmethod
+    def for_labels(cls, n_labels: int) -> CumulativeBins:
+        """The maps for ``n_labels`` label codes.
+
+        >>> coding = CumulativeBins.for_labels(2)
+        >>> coding.own.shape, coding.shared.shape
+        ((20, 20), (32, 32))
+        """
+        visits, days, years = len(VISITS_EDGES) + 1, len(DAYS_EDGES) + 1, len(YEARS_EDGES) + 1
+        own = sp.block_diag(
+            [np.eye(2), _steps(visits, False), _steps(days, False), _steps(years, False), np.eye(1)]
+        ).toarray()
+        per_code = [sp.block_diag([_steps(years, True), np.eye(1)])] * n_labels
+        sample = [_steps(len(AGE_EDGES) + 1, False), np.eye(len(SEX_IDS)), np.eye(1), _steps(len(GAP_EDGES) + 1, True)]
+        return cls(own.astype(np.float32), sp.block_diag([*per_code, *sample], format="csr", dtype=np.float32))
+
+    def to_indicator(self, coef: np.ndarray) -> np.ndarray:
+        """``(20 + 7 L + 18,)`` indicator weights of the cumulative weights ``coef`` (same shape)."""
+        own = OWN_COLUMNS
+        return np.concatenate([self.own @ coef[:own], self.shared @ coef[own:]])
 
 
 def l1_logistic_regression(c: float) -> LogisticRegression:
@@ -162,11 +235,14 @@ class SparseTimeFit:
     """``(L,)`` bool: the labels whose regression was run (the others have their rate); None: none."""
     select_c: float | None = SELECT_C
     """The inverse L1 strength of the fit that chose the codes each label reads (None: no such fit)."""
+    bins: str = DEFAULT_BINS
+    """How the fits read the ordered bins (:data:`BINS`); the weights above are per bin either way."""
 
-    def reusable_labels(self, c: float, select_c: float | None, n_labels: int) -> np.ndarray:
-        """Column indices of the labels fitted at ``c`` (chosen at ``select_c``) that a fit of ``n_labels``
-        labels can take over."""
-        if self.fitted is None or (self.c, self.select_c) != (c, select_c) or len(self.fitted) != n_labels:
+    def reusable_labels(self, c: float, select_c: float | None, n_labels: int, bins: str = DEFAULT_BINS) -> np.ndarray:
+        """Column indices of the labels fitted at ``c`` (chosen at ``select_c``, reading ``bins``) that a fit of
+        ``n_labels`` labels can take over."""
+        same = (self.c, self.select_c, self.bins) == (c, select_c, bins)
+        if self.fitted is None or not same or len(self.fitted) != n_labels:
             return np.zeros(0, dtype=np.int64)
         return np.flatnonzero(self.fitted)
 
@@ -187,14 +263,16 @@ def fit_sparse_time(
     labels: np.ndarray | None = None,
     start: SparseTimeFit | None = None,
     select_c: float | None = SELECT_C,
+    bins: str = DEFAULT_BINS,
 ) -> SparseTimeFit:
     """One relaxed L1 logistic regression per label on its own and the shared columns (the module docstring;
-    ``select_c`` None: one L1 fit at ``c``). A label constant in training (or with fewer than two positives)
-    gets the logit of its training rate (clipped to [1e-6, 1 - 1e-6]), as the other references give it that
-    rate; with ``labels`` (column indices), so does every label not among them. Labels are fitted in parallel
-    processes (``n_jobs``, -1: all cores); the result does not depend on ``n_jobs`` and is the same at every
-    run. ``start``, an earlier fit on the same rows (the C choice's), gives the labels it fitted at these
-    strengths as they are: each label's fit depends on nothing else, so the result equals a fit from scratch."""
+    ``select_c`` None: one L1 fit at ``c``; ``bins`` of :data:`BINS`). A label constant in training (or with
+    fewer than two positives) gets the logit of its training rate (clipped to [1e-6, 1 - 1e-6]), as the other
+    references give it that rate; with ``labels`` (column indices), so does every label not among them.
+    Labels are fitted in parallel processes (``n_jobs``, -1: all cores); the result does not depend on
+    ``n_jobs`` and is the same at every run. ``start``, an earlier fit on the same rows (the C choice's),
+    gives the labels it fitted by the same rule as they are: each label's fit depends on nothing else, so the
+    result equals a fit from scratch."""
     Y = np.asarray(Y_train)
     if Y.ndim != 2 or Y.shape[0] != len(train):
         raise ValueError(f"Y_train must be (N_train, L) with N_train = {len(train)}, got {Y.shape}")
@@ -207,12 +285,13 @@ def fit_sparse_time(
         c,
         fitted := np.zeros(n_labels, dtype=bool),
         select_c,
+        _checked_bins(bins),
     )
     varying = np.flatnonzero((Y.min(axis=0) < Y.max(axis=0)) & (Y.sum(axis=0) >= 2)) if len(Y) else np.zeros(0, int)
     if labels is not None:
         varying = np.intersect1d(varying, np.asarray(labels, dtype=np.int64))
     if start is not None:
-        done = np.intersect1d(varying, start.reusable_labels(c, select_c, n_labels))
+        done = np.intersect1d(varying, start.reusable_labels(c, select_c, n_labels, bins))
         fit.own_weight[done], fit.shared_weight[done], fit.bias[done] = (
             start.own_weight[done],
             start.shared_weight[done],
@@ -222,12 +301,13 @@ def fit_sparse_time(
         varying = np.setdiff1d(varying, done)
     if not len(varying):
         return fit
-    shared = shared_design(train)
+    coding = CumulativeBins.for_labels(n_labels) if bins == "cumulative" else None
+    shared = shared_design(train) if coding is None else (shared_design(train) @ coding.shared).tocsr()
     labels = tqdm(varying, desc="sparse time regression", unit="label", disable=not progress, leave=False)
     # Processes, not threads: liblinear draws its coordinate order from one process-wide generator, so fits
     # running side by side in threads interleave their draws and the weights change from run to run.
     # joblib memory-maps the large arrays once for all the workers.
-    tasks = (delayed(_fit_label)(train, shared, j, Y[:, j], c, select_c) for j in labels)
+    tasks = (delayed(_fit_label)(train, shared, j, Y[:, j], c, select_c, coding) for j in labels)
     for j, (coef, intercept) in zip(varying, Parallel(n_jobs=n_jobs, backend="loky")(tasks)):
         fit.own_weight[j], fit.shared_weight[j], fit.bias[j] = coef[:OWN_COLUMNS], coef[OWN_COLUMNS:], intercept
         fitted[j] = True
@@ -235,20 +315,32 @@ def fit_sparse_time(
 
 
 def _fit_label(
-    train: TimeFeatures, shared: sp.csr_matrix, j: int, y: np.ndarray, c: float, select_c: float | None
+    train: TimeFeatures,
+    shared: sp.csr_matrix,
+    j: int,
+    y: np.ndarray,
+    c: float,
+    select_c: float | None,
+    coding: CumulativeBins | None = None,
 ) -> tuple[np.ndarray, float]:
-    """Label ``j``'s relaxed L1 regression on its design (``y`` ``(N,)`` 0/1): ``(coefficients, intercept)``
-    over every column of :func:`label_design`, 0 on those the selection left out."""
-    design, y = label_design(train, shared, j), y.astype(int)
-    if select_c is None:
-        model = l1_logistic_regression(c).fit(design, y)
-        return model.coef_[0], float(model.intercept_[0])
-    selection = l1_logistic_regression(select_c).fit(design, y).coef_[0]
-    columns = refit_columns(selection, train.per_code.shape[1])
-    model = l1_logistic_regression(c).fit(design[:, columns], y)
+    """Label ``j``'s relaxed L1 regression on its design (``y`` ``(N,)`` 0/1; ``shared`` already coded with
+    ``coding`` when given): ``(coefficients, intercept)`` per indicator column of :func:`label_design`, 0 on
+    those the selection left out."""
+    design, y = label_design(train, shared, j, None if coding is None else coding.own), y.astype(int)
     coef = np.zeros(design.shape[1])
+    columns = np.arange(design.shape[1])
+    if select_c is not None:
+        columns = refit_columns(l1_logistic_regression(select_c).fit(design, y).coef_[0], train.per_code.shape[1])
+    model = l1_logistic_regression(c).fit(design[:, columns], y)
     coef[columns] = model.coef_[0]
-    return coef, float(model.intercept_[0])
+    return (coef if coding is None else coding.to_indicator(coef)), float(model.intercept_[0])
+
+
+def _checked_bins(bins: str) -> str:
+    """``bins`` when it is one of :data:`BINS`, else a clear error."""
+    if bins not in BINS:
+        raise ValueError(f"sparse time bins must be one of {', '.join(BINS)}, got {bins!r}")
+    return bins
 
 
 def refit_columns(selection: np.ndarray, n_labels: int) -> np.ndarray:
@@ -279,6 +371,7 @@ def choose_sparse_c(
     seed: int = 0,
     n_jobs: int | None = -1,
     select_c: float | None = SELECT_C,
+    bins: str = DEFAULT_BINS,
 ) -> tuple[float, dict[float, float], int, SparseTimeFit]:
     """The (refit) C of ``grid`` whose regressions (codes chosen at ``select_c``) have the best macro AP on the
     tuning rows (``tune``, ``Y_tune`` (N_tune, L)), scored on a seeded sample of at most ``max_labels`` label
@@ -289,7 +382,10 @@ def choose_sparse_c(
         raise ValueError("choose_sparse_c needs at least one C")
     Y_tune = np.asarray(Y_tune)
     labels = tuning_label_sample(Y_train, Y_tune, max_labels, seed)
-    fits = {float(c): fit_sparse_time(train, Y_train, c, n_jobs=n_jobs, labels=labels, select_c=select_c) for c in grid}
+    fits = {
+        float(c): fit_sparse_time(train, Y_train, c, n_jobs=n_jobs, labels=labels, select_c=select_c, bins=bins)
+        for c in grid
+    }
     scores = {c: macro_average_precision(Y_tune[:, labels], fit.logits(tune)[:, labels]) for c, fit in fits.items()}
     order = list(fits)
     chosen = max(order, key=lambda c: (scores[c], -order.index(c)))
@@ -306,19 +402,24 @@ def sparse_c_setting(
     logger: logging.Logger = log,
     what: str = "sparse time regression",
     select_c: float | None = SELECT_C,
+    bins: str = DEFAULT_BINS,
 ) -> tuple[float, dict[str, Any], SparseTimeFit | None]:
     """The C to fit with, how it was set (what ``metrics.json`` ``sparse_time_c`` records) and the choice's
     fit of its sampled labels at that C (``start`` for :func:`fit_sparse_time`; None without a choice):
     ``c`` when given; else :data:`DEFAULT_C` when there is no tuning row (``Y_tune`` (N_tune, L)), with a
     warning; else the choice of :func:`choose_sparse_c` on the tuning features that ``tune()`` builds (only
     then), logged on ``logger`` as ``what`` (the caller's stage and name for the regression). The codes each
-    label reads are chosen at ``select_c`` in every case (the report records it)."""
+    label reads are chosen at ``select_c``, and the bins read as ``bins``, in every case (the report records
+    both)."""
+    rule = {"select_c": select_c, "bins": _checked_bins(bins)}
     if c is not None:
-        return c, {"c": c, "chosen_on": "fixed (sparse_time_c)", "select_c": select_c}, None
+        return c, {"c": c, "chosen_on": "fixed (sparse_time_c)", **rule}, None
     if not len(Y_tune):
         logger.warning("%s: no tuning samples to choose the C; using C=%g", what, DEFAULT_C)
-        return DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)", "select_c": select_c}, None
-    chosen, scores, n_labels, start = choose_sparse_c(train, Y_train, tune(), Y_tune, seed=seed, select_c=select_c)
+        return DEFAULT_C, {"c": DEFAULT_C, "chosen_on": "default (no tuning samples)", **rule}, None
+    chosen, scores, n_labels, start = choose_sparse_c(
+        train, Y_train, tune(), Y_tune, seed=seed, select_c=select_c, bins=bins
+    )
     by_c = {f"{k:g}": round(v, 5) for k, v in scores.items()}
     logger.info(
         "%s C=%g, chosen on %d tuning samples and %d label codes (macro AP by C: %s)",
@@ -331,7 +432,7 @@ def sparse_c_setting(
     report = {
         "c": chosen,
         "chosen_on": "tuning split",
-        "select_c": select_c,
+        **rule,
         "tuning_labels": n_labels,
         "tuning_macro_ap": by_c,
     }
@@ -347,8 +448,9 @@ def fit_predict_sparse_time(
     n_jobs: int | None = -1,
     start: SparseTimeFit | None = None,
     select_c: float | None = SELECT_C,
+    bins: str = DEFAULT_BINS,
 ) -> np.ndarray:
     """:func:`fit_sparse_time` on ``train`` (taking over ``start``'s labels), then ``(N_eval, L)``
     probabilities on ``evaluate``."""
-    fit = fit_sparse_time(train, Y_train, c, progress, n_jobs, start=start, select_c=select_c)
+    fit = fit_sparse_time(train, Y_train, c, progress, n_jobs, start=start, select_c=select_c, bins=bins)
     return np.asarray(expit(fit.logits(evaluate))) if len(evaluate) else np.zeros((0, len(fit.bias)))

@@ -18,7 +18,13 @@ from scipy.special import logit as _logit
 
 from behrt_rope.data.labels import Samples
 from behrt_rope.data.sequences import Sequences
-from behrt_rope.evaluation.sparse_time import SELECT_C, SparseTimeFit, fit_sparse_time, sparse_c_setting
+from behrt_rope.evaluation.sparse_time import (
+    DEFAULT_BINS,
+    SELECT_C,
+    SparseTimeFit,
+    fit_sparse_time,
+    sparse_c_setting,
+)
 from behrt_rope.evaluation.time_features import TimeFeatures, time_features
 from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.training.inference import score_parts
@@ -40,28 +46,31 @@ def fit_path(
     tuning: tuple[Sequences, Samples, np.ndarray] | None = None,
     seed: int = 0,
     select_c: float | None = SELECT_C,
+    bins: str = DEFAULT_BINS,
 ) -> dict[str, Any]:
     """Fit the path's regression on ``samples`` of ``seqs`` (``y`` ``(N, L)`` their targets) and load it; a
     progress bar over the labels unless ``progress`` is false (``trainer.progress_bar``). ``c`` fixes the
     inverse L1 strength; None chooses it from :data:`~behrt_rope.evaluation.sparse_time.C_GRID` on
     ``tuning`` (its sequences, samples and ``(N_tune, L)`` targets; :data:`DEFAULT_C` without tuning
-    samples); ``select_c`` is the strength of the fit that chooses the codes each label reads (None: one fit).
+    samples); ``select_c`` is the strength of the fit that chooses the codes each label reads (None: one fit);
+    ``bins`` how the fits read the ordered bins (:data:`~behrt_rope.evaluation.sparse_time.BINS`).
     Deterministic, so every DDP rank fits the same. Returns what ``metrics.json`` records."""
     assert model.sparse_time is not None
     started = time.perf_counter()
     features = time_features(seqs, samples, label_of_token)
-    c, report, start = _path_c(features, y, c, tuning, label_of_token, seed, select_c)
-    fit = fit_sparse_time(features, y, c, progress=progress, start=start, select_c=select_c)
+    c, report, start = _path_c(features, y, c, tuning, label_of_token, seed, select_c, bins)
+    fit = fit_sparse_time(features, y, c, progress=progress, start=start, select_c=select_c, bins=bins)
     model.sparse_time.load_fit(
         torch.from_numpy(fit.own_weight), torch.from_numpy(fit.shared_weight), torch.from_numpy(fit.bias)
     )
     nonzero = int((fit.own_weight != 0).sum() + (fit.shared_weight != 0).sum())
     log.info(
-        "finetune: sparse time path fitted on %d samples (C=%g, codes chosen at C=%s): %.1f non-zero weights "
-        "per label, %.1f s",
+        "finetune: sparse time path fitted on %d samples (C=%g, codes chosen at C=%s, %s bins): %.1f non-zero "
+        "weights per label, %.1f s",
         len(y),
         c,
         "none" if select_c is None else f"{select_c:g}",
+        bins,
         nonzero / max(len(fit.bias), 1),
         time.perf_counter() - started,
     )
@@ -76,6 +85,7 @@ def _path_c(
     label_of_token: np.ndarray,
     seed: int,
     select_c: float | None,
+    bins: str,
 ) -> tuple[float, dict[str, Any], SparseTimeFit | None]:
     """The path's C and how it was set: ``c`` when given, else the best of ``C_GRID`` on ``tuning`` (with the
     choice's fit of its sampled labels, which the full fit takes over)."""
@@ -85,7 +95,7 @@ def _path_c(
         assert tuning is not None  # called only with tuning rows
         return time_features(tuning[0], tuning[1], label_of_token)
 
-    return sparse_c_setting(c, features, y, tune, y_tune, seed, log, "finetune: sparse time path", select_c)
+    return sparse_c_setting(c, features, y, tune, y_tune, seed, log, "finetune: sparse time path", select_c, bins)
 
 
 def set_path_share(
