@@ -63,7 +63,14 @@ from behrt_rope.evaluation.ceiling import (
 )
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
 from behrt_rope.evaluation.report import REFERENCE_NAMES
-from behrt_rope.evaluation.sparse_time import SELECT_C, SparseTimeFit, fit_predict_sparse_time, sparse_c_setting
+from behrt_rope.evaluation.sparse_time import (
+    DEFAULT_BINS,
+    SELECT_C,
+    Bins,
+    SparseTimeFit,
+    fit_predict_sparse_time,
+    sparse_c_setting,
+)
 from behrt_rope.evaluation.time_features import TimeFeatures, time_features
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle
@@ -124,7 +131,7 @@ class Config:
     sparse_time_select_c: float | None = SELECT_C
     """Inverse L1 strength of the first fit of each label's sparse time regression, which only chooses the
     other codes it reads (a relaxed lasso, as ``finetune sparse_time_select_c``); null: one fit on everything."""
-    sparse_time_bins: Literal["cumulative", "indicator"] = "cumulative"
+    sparse_time_bins: Bins = DEFAULT_BINS
     """How the sparse time regression reads the ordered time bins, as ``finetune sparse_time_bins``."""
     oracle: str = ""
     """A `behrt-rope synth ... oracle=true` output directory (or one oracle file): adds the ceiling; a

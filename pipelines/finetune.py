@@ -31,7 +31,7 @@ from behrt_rope.data.labels import (
 )
 from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary
 from behrt_rope.errors import UserError
-from behrt_rope.evaluation.sparse_time import DEFAULT_C, SELECT_C
+from behrt_rope.evaluation.sparse_time import DEFAULT_BINS, DEFAULT_C, SELECT_C, Bins
 from behrt_rope.model.config import HEAD_FIELDS, ModelConfig
 from behrt_rope.model.heads import load_encoder_weights, pos_weight_from_counts
 from behrt_rope.stage import is_done, require_done, stage, write_json
@@ -81,7 +81,7 @@ class Config:
     """With model.sparse_time, the inverse L1 strength of the first fit of each label's regression, which only
     chooses the other codes whose timing the label reads (a relaxed lasso; ``evaluation/sparse_time.py``).
     null: one L1 fit at ``sparse_time_c`` on every column (the default until session 33, at 0.1)."""
-    sparse_time_bins: Literal["cumulative", "indicator"] = "cumulative"
+    sparse_time_bins: Bins = DEFAULT_BINS
     """With model.sparse_time, how its regression reads the ordered time bins: ``cumulative`` (a weight per step
     from one bin to the next, so the L1 penalty falls on the steps) or ``indicator`` (a weight per bin, the
     default until session 34). The model keeps a weight per bin either way (``evaluation/sparse_time.py``)."""

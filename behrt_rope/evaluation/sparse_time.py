@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import scipy.sparse as sp
@@ -80,13 +80,14 @@ C_GRID = (DEFAULT_C, 1.0)
 within 0.0005 of each other on the tuning splits of seven cohorts of 64 to 295 codes, each ahead on some
 (docs/benchmarks.md, "Thirty-first round"). One fit on every column (``select_c=None``) had 0.1 best on 64 and
 92 codes and 0.3 on 295 and 779 ("Twenty-ninth round")."""
-BINS = ("cumulative", "indicator")
+Bins = Literal["cumulative", "indicator"]
+BINS: tuple[str, ...] = get_args(Bins)
 """How the fits read the ordered bins (the module docstring): ``cumulative`` (the default) or ``indicator`` (the
 default until session 34). Against it, at the same strengths (codes chosen at 0.05, refit at 0.3), cumulative
 bins moved the model's tuning macro AP by -0.0012 to +0.0032 on ten tuning cohorts, +0.0012 on average: gains
 on short, sparse histories and large vocabularies, a small loss on the two dense ones, where the fit takes 2.6
 to 4 times as long (docs/benchmarks.md, "Thirty-second round")."""
-DEFAULT_BINS = "cumulative"
+DEFAULT_BINS: Bins = "cumulative"
 TUNING_LABELS = 60
 """Most label codes :func:`choose_sparse_c` scores each C on (a seeded sample; all when there are fewer)."""
 
@@ -328,10 +329,11 @@ def _fit_label(
     those the selection left out."""
     design, y = label_design(train, shared, j, None if coding is None else coding.own), y.astype(int)
     coef = np.zeros(design.shape[1])
-    columns = np.arange(design.shape[1])
+    columns: np.ndarray | slice = slice(None)
     if select_c is not None:
         columns = refit_columns(l1_logistic_regression(select_c).fit(design, y).coef_[0], train.per_code.shape[1])
-    model = l1_logistic_regression(c).fit(design[:, columns], y)
+        design = design[:, columns]
+    model = l1_logistic_regression(c).fit(design, y)
     coef[columns] = model.coef_[0]
     return (coef if coding is None else coding.to_indicator(coef)), float(model.intercept_[0])
 
