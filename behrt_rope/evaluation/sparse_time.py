@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import numpy as np
 import scipy.sparse as sp
@@ -236,10 +236,10 @@ class SparseTimeFit:
     """``(L,)`` bool: the labels whose regression was run (the others have their rate); None: none."""
     select_c: float | None = SELECT_C
     """The inverse L1 strength of the fit that chose the codes each label reads (None: no such fit)."""
-    bins: str = DEFAULT_BINS
+    bins: Bins = DEFAULT_BINS
     """How the fits read the ordered bins (:data:`BINS`); the weights above are per bin either way."""
 
-    def reusable_labels(self, c: float, select_c: float | None, n_labels: int, bins: str = DEFAULT_BINS) -> np.ndarray:
+    def reusable_labels(self, c: float, select_c: float | None, n_labels: int, bins: Bins = DEFAULT_BINS) -> np.ndarray:
         """Column indices of the labels fitted at ``c`` (chosen at ``select_c``, reading ``bins``) that a fit of
         ``n_labels`` labels can take over."""
         same = (self.c, self.select_c, self.bins) == (c, select_c, bins)
@@ -264,7 +264,7 @@ def fit_sparse_time(
     labels: np.ndarray | None = None,
     start: SparseTimeFit | None = None,
     select_c: float | None = SELECT_C,
-    bins: str = DEFAULT_BINS,
+    bins: Bins = DEFAULT_BINS,
 ) -> SparseTimeFit:
     """One relaxed L1 logistic regression per label on its own and the shared columns (the module docstring;
     ``select_c`` None: one L1 fit at ``c``; ``bins`` of :data:`BINS`). A label constant in training (or with
@@ -338,11 +338,11 @@ def _fit_label(
     return (coef if coding is None else coding.to_indicator(coef)), float(model.intercept_[0])
 
 
-def _checked_bins(bins: str) -> str:
+def _checked_bins(bins: str) -> Bins:
     """``bins`` when it is one of :data:`BINS`, else a clear error."""
     if bins not in BINS:
         raise ValueError(f"sparse time bins must be one of {', '.join(BINS)}, got {bins!r}")
-    return bins
+    return cast(Bins, bins)
 
 
 def refit_columns(selection: np.ndarray, n_labels: int) -> np.ndarray:
@@ -373,7 +373,7 @@ def choose_sparse_c(
     seed: int = 0,
     n_jobs: int | None = -1,
     select_c: float | None = SELECT_C,
-    bins: str = DEFAULT_BINS,
+    bins: Bins = DEFAULT_BINS,
 ) -> tuple[float, dict[float, float], int, SparseTimeFit]:
     """The (refit) C of ``grid`` whose regressions (codes chosen at ``select_c``) have the best macro AP on the
     tuning rows (``tune``, ``Y_tune`` (N_tune, L)), scored on a seeded sample of at most ``max_labels`` label
@@ -404,7 +404,7 @@ def sparse_c_setting(
     logger: logging.Logger = log,
     what: str = "sparse time regression",
     select_c: float | None = SELECT_C,
-    bins: str = DEFAULT_BINS,
+    bins: Bins = DEFAULT_BINS,
 ) -> tuple[float, dict[str, Any], SparseTimeFit | None]:
     """The C to fit with, how it was set (what ``metrics.json`` ``sparse_time_c`` records) and the choice's
     fit of its sampled labels at that C (``start`` for :func:`fit_sparse_time`; None without a choice):
@@ -450,7 +450,7 @@ def fit_predict_sparse_time(
     n_jobs: int | None = -1,
     start: SparseTimeFit | None = None,
     select_c: float | None = SELECT_C,
-    bins: str = DEFAULT_BINS,
+    bins: Bins = DEFAULT_BINS,
 ) -> np.ndarray:
     """:func:`fit_sparse_time` on ``train`` (taking over ``start``'s labels), then ``(N_eval, L)``
     probabilities on ``evaluate``."""

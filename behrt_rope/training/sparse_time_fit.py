@@ -21,6 +21,7 @@ from behrt_rope.data.sequences import Sequences
 from behrt_rope.evaluation.sparse_time import (
     DEFAULT_BINS,
     SELECT_C,
+    Bins,
     SparseTimeFit,
     fit_sparse_time,
     sparse_c_setting,
@@ -46,7 +47,7 @@ def fit_path(
     tuning: tuple[Sequences, Samples, np.ndarray] | None = None,
     seed: int = 0,
     select_c: float | None = SELECT_C,
-    bins: str = DEFAULT_BINS,
+    bins: Bins = DEFAULT_BINS,
 ) -> dict[str, Any]:
     """Fit the path's regression on ``samples`` of ``seqs`` (``y`` ``(N, L)`` their targets) and load it; a
     progress bar over the labels unless ``progress`` is false (``trainer.progress_bar``). ``c`` fixes the
@@ -85,7 +86,7 @@ def _path_c(
     label_of_token: np.ndarray,
     seed: int,
     select_c: float | None,
-    bins: str,
+    bins: Bins,
 ) -> tuple[float, dict[str, Any], SparseTimeFit | None]:
     """The path's C and how it was set: ``c`` when given, else the best of ``C_GRID`` on ``tuning`` (with the
     choice's fit of its sampled labels, which the full fit takes over)."""
