@@ -209,22 +209,18 @@ def main() -> None:
     outcome = y[at_cut]
     ok = [j for j in range(len(codes)) if 0 < outcome[:, j].sum() < len(outcome)]
 
-    def macro_ap(scores: np.ndarray) -> float:
-        return float(np.mean([average_precision_score(outcome[:, j], scores[:, j]) for j in ok]))
-
-    result = {
-        name: macro_ap(s) for name, s in (("fitted_true_form", fitted), ("oracle", truth), ("bag_of_codes", bag_scores))
+    scores = {"fitted_true_form": fitted, "oracle": truth, "bag_of_codes": bag_scores}
+    per_code = {
+        name: [float(average_precision_score(outcome[:, j], s[:, j])) for j in ok] for name, s in scores.items()
     }
+    result = {name: float(np.mean(aps)) for name, aps in per_code.items()}
     low, high = result["bag_of_codes"], result["oracle"]
     result["fitted_true_form_gap_closed"] = (result["fitted_true_form"] - low) / (high - low)
     result.update(train_samples=int(train.sum()), samples_at_cuts=int(at_cut.sum()), codes=len(ok))
     out: dict[str, object] = {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}
-    out["per_code"] = {  # so that a reader can restrict the macro average to another label set (a model's)
-        str(codes[j]): {
-            name: round(float(average_precision_score(outcome[:, j], s[:, j])), 5)
-            for name, s in (("fitted_true_form", fitted), ("oracle", truth), ("bag_of_codes", bag_scores))
-        }
-        for j in ok
+    # each code's APs, so that a reader can restrict the macro average to another label set (a model's)
+    out["per_code"] = {
+        str(codes[j]): {name: round(aps[i], 5) for name, aps in per_code.items()} for i, j in enumerate(ok)
     }
     print(json.dumps(out, indent=1))
 
