@@ -116,7 +116,7 @@ def test_a_shard_is_written_while_the_next_is_scored_and_the_file_equals_sequent
     monkeypatch.setattr(Scorer, "score", score)
     monkeypatch.setattr(pipeline._ParquetSink, "write", write)
     out = tmp_path / "p.parquet"
-    predict(raw, model_dir, out, "shards=3", "precision=fp32")
+    predict(raw, model_dir, out, "shards=3", "precision=fp32", "device=cpu")  # the CPU scorer below is the reference
     monkeypatch.undo()
     assert overlapped == [True] and len(writers) == 3 and len(set(writers)) == 1
 

@@ -83,7 +83,7 @@ def patients_frame(
         {
             S.PATIENT_ID: _text(patient_id),
             S.BIRTH_DATE: np.asarray(birth, dtype="datetime64[us]"),
-            S.DEATH_DATE: np.full(n, np.datetime64("NaT"), "datetime64[us]")
+            S.DEATH_DATE: np.full(n, np.datetime64("NaT", "us"))
             if death is None
             else np.asarray(death, dtype="datetime64[us]"),
             S.BIRTH_RAW: _text(birth_raw),
