@@ -17,6 +17,7 @@ from behrt_rope.evaluation.sparse_time import (
     choose_sparse_c,
     fit_predict_sparse_time,
     fit_sparse_time,
+    fit_sparse_time_grid,
     label_design,
     own_design,
     shared_design,
@@ -195,10 +196,10 @@ def test_the_full_fit_takes_over_the_choice_s_labels_and_equals_a_fit_from_scrat
     fit_label = sparse_time._fit_label
 
     def counted(
-        train: TimeFeatures, shared: object, j: int, y_j: np.ndarray, c: float, select_c: object, coding: object
+        train: TimeFeatures, shared: object, j: int, y_j: np.ndarray, cs: list[float], select_c: object, coding: object
     ) -> object:
         runs.append(j)
-        return fit_label(train, shared, j, y_j, c, select_c, coding)
+        return fit_label(train, shared, j, y_j, cs, select_c, coding)
 
     monkeypatch.setattr(sparse_time, "_fit_label", counted)
     taken_over = fit_sparse_time(features, y, c=0.3, n_jobs=1, start=start)
@@ -214,6 +215,30 @@ def test_the_full_fit_takes_over_the_choice_s_labels_and_equals_a_fit_from_scrat
     runs.clear()
     fit_sparse_time(features, y, c=0.3, n_jobs=1, start=start, bins="indicator")  # same C, bins read otherwise
     assert runs == [0, 1]
+
+
+def test_a_grid_of_cs_chooses_each_label_s_codes_once_and_equals_a_fit_at_each_c(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The codes a label reads are chosen before the refit and do not depend on its C: a grid of Cs (the C
+    choice) runs the selecting fit once per label, and each C's fit is exactly ``fit_sparse_time`` at it."""
+    import behrt_rope.evaluation.sparse_time as sparse_time
+
+    rng = np.random.default_rng(9)
+    features, y = _noisy_cohort(2000, 6, rng)
+    grid = fit_sparse_time_grid(features, y, (0.3, 1.0), n_jobs=1)
+    assert list(grid) == [0.3, 1.0]
+    for c, fit in grid.items():
+        alone = fit_sparse_time(features, y, c=c, n_jobs=1)
+        for name in ("own_weight", "shared_weight", "bias", "fitted"):
+            np.testing.assert_array_equal(getattr(fit, name), getattr(alone, name))
+        assert fit.c == c and fit.select_c == SELECT_C
+    assert not np.array_equal(grid[0.3].shared_weight, grid[1.0].shared_weight)
+    strengths: list[float] = []
+    real = sparse_time.l1_logistic_regression
+    monkeypatch.setattr(sparse_time, "l1_logistic_regression", lambda c: strengths.append(c) or real(c))
+    fit_sparse_time_grid(features, y, (0.3, 1.0), n_jobs=1, labels=np.array([0, 1]))
+    assert strengths == [SELECT_C, 0.3, 1.0] * 2  # per label: one selection, then one refit per C
 
 
 def _noisy_cohort(n: int, codes: int, rng: np.random.Generator) -> tuple[TimeFeatures, np.ndarray]:

@@ -88,6 +88,11 @@ bins moved the model's tuning macro AP by -0.0012 to +0.0032 on ten tuning cohor
 on short, sparse histories and large vocabularies, a small loss on the two dense ones, where the fit takes 2.6
 to 4 times as long (docs/benchmarks.md, "Thirty-second round")."""
 DEFAULT_BINS: Bins = "cumulative"
+TOL = 1e-3
+"""liblinear's stopping tolerance for both fits (scikit-learn's default is 1e-4). The refits of the cumulative
+bins converge slowly at 1e-4 (7 s a label at C=1 on the demo cohort); at 1e-3 the whole path fit took 130 s
+instead of 498 s on the demo cohort and 14.6 s instead of 21.6 s on a sparse one, with the same tuning macro AP
+(0.2465 against 0.2464; 0.3064 both) and the same C chosen (docs/benchmarks.md, "Thirty-fourth round")."""
 TUNING_LABELS = 60
 """Most label codes :func:`choose_sparse_c` scores each C on (a seeded sample; all when there are fewer)."""
 
@@ -211,11 +216,11 @@ class CumulativeBins:
 
 
 def l1_logistic_regression(c: float) -> LogisticRegression:
-    """An L1-penalised logistic regression (liblinear); scikit-learn 1.8 replaced ``penalty="l1"`` by
-    ``l1_ratio=1``."""
+    """An L1-penalised logistic regression (liblinear, stopping at :data:`TOL`); scikit-learn 1.8 replaced
+    ``penalty="l1"`` by ``l1_ratio=1``."""
     if tuple(int(part) for part in sklearn.__version__.split(".")[:2]) >= (1, 8):
-        return LogisticRegression(C=c, l1_ratio=1.0, solver="liblinear", max_iter=2000, random_state=0)
-    return LogisticRegression(C=c, penalty="l1", solver="liblinear", max_iter=2000, random_state=0)
+        return LogisticRegression(C=c, l1_ratio=1.0, solver="liblinear", tol=TOL, max_iter=2000, random_state=0)
+    return LogisticRegression(C=c, penalty="l1", solver="liblinear", tol=TOL, max_iter=2000, random_state=0)
 
 
 @dataclass
@@ -247,6 +252,12 @@ class SparseTimeFit:
             return np.zeros(0, dtype=np.int64)
         return np.flatnonzero(self.fitted)
 
+    def take_labels(self, other: SparseTimeFit, labels: np.ndarray) -> None:
+        """Take ``other``'s weights and intercepts of ``labels`` (column indices) as they are, marked fitted."""
+        assert self.fitted is not None
+        self.own_weight[labels], self.shared_weight[labels] = other.own_weight[labels], other.shared_weight[labels]
+        self.bias[labels], self.fitted[labels] = other.bias[labels], True
+
     def logits(self, features: TimeFeatures) -> np.ndarray:
         """``(N, L)`` decision values on ``features``."""
         out = np.asarray(shared_design(features) @ self.shared_weight.T + self.bias)  # (N, L)
@@ -274,45 +285,68 @@ def fit_sparse_time(
     ``n_jobs`` and is the same at every run. ``start``, an earlier fit on the same rows (the C choice's),
     gives the labels it fitted by the same rule as they are: each label's fit depends on nothing else, so the
     result equals a fit from scratch."""
+    return fit_sparse_time_grid(train, Y_train, (c,), progress, n_jobs, labels, start, select_c, bins)[float(c)]
+
+
+def fit_sparse_time_grid(
+    train: TimeFeatures,
+    Y_train: np.ndarray,
+    grid: tuple[float, ...],
+    progress: bool = False,
+    n_jobs: int | None = -1,
+    labels: np.ndarray | None = None,
+    start: SparseTimeFit | None = None,
+    select_c: float | None = SELECT_C,
+    bins: Bins = DEFAULT_BINS,
+) -> dict[float, SparseTimeFit]:
+    """:func:`fit_sparse_time` at each (refit) C of ``grid``, keyed by C: each label's codes are chosen once,
+    at ``select_c``, for all of them (the choice does not depend on the refit's C). Each fit equals
+    :func:`fit_sparse_time` at its C: liblinear reseeds at every fit. ``start`` gives the labels it can give
+    every C of the grid (with one C, as :func:`fit_sparse_time`)."""
     Y = np.asarray(Y_train)
     if Y.ndim != 2 or Y.shape[0] != len(train):
         raise ValueError(f"Y_train must be (N_train, L) with N_train = {len(train)}, got {Y.shape}")
-    n_labels = Y.shape[1]
-    rate = np.clip(Y.mean(axis=0) if Y.shape[0] else np.zeros(n_labels), 1e-6, 1 - 1e-6)
-    fit = SparseTimeFit(
-        np.zeros((n_labels, OWN_COLUMNS), np.float32),
-        np.zeros((n_labels, shared_columns(n_labels)), np.float32),
-        logit(rate).astype(np.float32),
-        c,
-        fitted := np.zeros(n_labels, dtype=bool),
-        select_c,
-        _checked_bins(bins),
-    )
+    n_labels, cs = Y.shape[1], [float(c) for c in dict.fromkeys(grid)]
+    rate = logit(np.clip(Y.mean(axis=0) if Y.shape[0] else np.zeros(n_labels), 1e-6, 1 - 1e-6)).astype(np.float32)
+    fits = {c: _rate_fit(rate, c, select_c, _checked_bins(bins)) for c in cs}
     varying = np.flatnonzero((Y.min(axis=0) < Y.max(axis=0)) & (Y.sum(axis=0) >= 2)) if len(Y) else np.zeros(0, int)
     if labels is not None:
         varying = np.intersect1d(varying, np.asarray(labels, dtype=np.int64))
     if start is not None:
-        done = np.intersect1d(varying, start.reusable_labels(c, select_c, n_labels, bins))
-        fit.own_weight[done], fit.shared_weight[done], fit.bias[done] = (
-            start.own_weight[done],
-            start.shared_weight[done],
-            start.bias[done],
-        )
-        fitted[done] = True
+        done = varying
+        for c in cs:
+            done = np.intersect1d(done, start.reusable_labels(c, select_c, n_labels, bins))
+        for fit in fits.values():
+            fit.take_labels(start, done)
         varying = np.setdiff1d(varying, done)
     if not len(varying):
-        return fit
+        return fits
     coding = CumulativeBins.for_labels(n_labels) if bins == "cumulative" else None
     shared = shared_design(train) if coding is None else (shared_design(train) @ coding.shared).tocsr()
-    labels = tqdm(varying, desc="sparse time regression", unit="label", disable=not progress, leave=False)
+    todo = tqdm(varying, desc="sparse time regression", unit="label", disable=not progress, leave=False)
     # Processes, not threads: liblinear draws its coordinate order from one process-wide generator, so fits
     # running side by side in threads interleave their draws and the weights change from run to run.
     # joblib memory-maps the large arrays once for all the workers.
-    tasks = (delayed(_fit_label)(train, shared, j, Y[:, j], c, select_c, coding) for j in labels)
-    for j, (coef, intercept) in zip(varying, Parallel(n_jobs=n_jobs, backend="loky")(tasks)):
-        fit.own_weight[j], fit.shared_weight[j], fit.bias[j] = coef[:OWN_COLUMNS], coef[OWN_COLUMNS:], intercept
-        fitted[j] = True
-    return fit
+    tasks = (delayed(_fit_label)(train, shared, j, Y[:, j], cs, select_c, coding) for j in todo)
+    for j, per_c in zip(varying, Parallel(n_jobs=n_jobs, backend="loky")(tasks)):
+        for fit, (coef, intercept) in zip(fits.values(), per_c):
+            fit.own_weight[j], fit.shared_weight[j], fit.bias[j] = coef[:OWN_COLUMNS], coef[OWN_COLUMNS:], intercept
+            fit.fitted[j] = True  # type: ignore[index]  # _rate_fit gives every fit its array
+    return fits
+
+
+def _rate_fit(rate: np.ndarray, c: float, select_c: float | None, bins: Bins) -> SparseTimeFit:
+    """A fit of ``len(rate)`` labels that gives each the logit ``rate`` and no weights (none fitted yet)."""
+    n_labels = len(rate)
+    return SparseTimeFit(
+        np.zeros((n_labels, OWN_COLUMNS), np.float32),
+        np.zeros((n_labels, shared_columns(n_labels)), np.float32),
+        rate.copy(),
+        c,
+        np.zeros(n_labels, dtype=bool),
+        select_c,
+        bins,
+    )
 
 
 def _fit_label(
@@ -320,22 +354,25 @@ def _fit_label(
     shared: sp.csr_matrix,
     j: int,
     y: np.ndarray,
-    c: float,
+    cs: list[float],
     select_c: float | None,
     coding: CumulativeBins | None = None,
-) -> tuple[np.ndarray, float]:
-    """Label ``j``'s relaxed L1 regression on its design (``y`` ``(N,)`` 0/1; ``shared`` already coded with
-    ``coding`` when given): ``(coefficients, intercept)`` per indicator column of :func:`label_design`, 0 on
-    those the selection left out."""
+) -> list[tuple[np.ndarray, float]]:
+    """Label ``j``'s relaxed L1 regressions on its design (``y`` ``(N,)`` 0/1; ``shared`` already coded with
+    ``coding`` when given), one per refit C of ``cs`` after one selection: ``(coefficients, intercept)`` per
+    indicator column of :func:`label_design`, 0 on those the selection left out."""
     design, y = label_design(train, shared, j, None if coding is None else coding.own), y.astype(int)
-    coef = np.zeros(design.shape[1])
-    columns: np.ndarray | slice = slice(None)
+    width, columns = design.shape[1], cast("np.ndarray | slice", slice(None))
     if select_c is not None:
         columns = refit_columns(l1_logistic_regression(select_c).fit(design, y).coef_[0], train.per_code.shape[1])
         design = design[:, columns]
-    model = l1_logistic_regression(c).fit(design, y)
-    coef[columns] = model.coef_[0]
-    return (coef if coding is None else coding.to_indicator(coef)), float(model.intercept_[0])
+    out = []
+    for c in cs:
+        model = l1_logistic_regression(c).fit(design, y)
+        coef = np.zeros(width)
+        coef[columns] = model.coef_[0]
+        out.append(((coef if coding is None else coding.to_indicator(coef)), float(model.intercept_[0])))
+    return out
 
 
 def _checked_bins(bins: str) -> Bins:
@@ -384,10 +421,7 @@ def choose_sparse_c(
         raise ValueError("choose_sparse_c needs at least one C")
     Y_tune = np.asarray(Y_tune)
     labels = tuning_label_sample(Y_train, Y_tune, max_labels, seed)
-    fits = {
-        float(c): fit_sparse_time(train, Y_train, c, n_jobs=n_jobs, labels=labels, select_c=select_c, bins=bins)
-        for c in grid
-    }
+    fits = fit_sparse_time_grid(train, Y_train, grid, n_jobs=n_jobs, labels=labels, select_c=select_c, bins=bins)
     scores = {c: macro_average_precision(Y_tune[:, labels], fit.logits(tune)[:, labels]) for c, fit in fits.items()}
     order = list(fits)
     chosen = max(order, key=lambda c: (scores[c], -order.index(c)))
