@@ -196,10 +196,17 @@ def test_the_full_fit_takes_over_the_choice_s_labels_and_equals_a_fit_from_scrat
     fit_label = sparse_time._fit_label
 
     def counted(
-        train: TimeFeatures, shared: object, j: int, y_j: np.ndarray, cs: list[float], select_c: object, coding: object
+        train: TimeFeatures,
+        shared: object,
+        j: int,
+        y_j: np.ndarray,
+        cs: list[float],
+        select_c: object,
+        coding: object,
+        tol: float,
     ) -> object:
         runs.append(j)
-        return fit_label(train, shared, j, y_j, cs, select_c, coding)
+        return fit_label(train, shared, j, y_j, cs, select_c, coding, tol)
 
     monkeypatch.setattr(sparse_time, "_fit_label", counted)
     taken_over = fit_sparse_time(features, y, c=0.3, n_jobs=1, start=start)
@@ -236,7 +243,7 @@ def test_a_grid_of_cs_chooses_each_label_s_codes_once_and_equals_a_fit_at_each_c
     assert not np.array_equal(grid[0.3].shared_weight, grid[1.0].shared_weight)
     strengths: list[float] = []
     real = sparse_time.l1_logistic_regression
-    monkeypatch.setattr(sparse_time, "l1_logistic_regression", lambda c: strengths.append(c) or real(c))
+    monkeypatch.setattr(sparse_time, "l1_logistic_regression", lambda c, tol: strengths.append(c) or real(c, tol))
     fit_sparse_time_grid(features, y, (0.3, 1.0), n_jobs=1, labels=np.array([0, 1]))
     assert strengths == [SELECT_C, 0.3, 1.0] * 2  # per label: one selection, then one refit per C
 

@@ -215,12 +215,12 @@ class CumulativeBins:
         return np.concatenate([self.own @ coef[:own], self.shared @ coef[own:]])
 
 
-def l1_logistic_regression(c: float) -> LogisticRegression:
-    """An L1-penalised logistic regression (liblinear, stopping at :data:`TOL`); scikit-learn 1.8 replaced
+def l1_logistic_regression(c: float, tol: float = TOL) -> LogisticRegression:
+    """An L1-penalised logistic regression (liblinear, stopping at ``tol``); scikit-learn 1.8 replaced
     ``penalty="l1"`` by ``l1_ratio=1``."""
     if tuple(int(part) for part in sklearn.__version__.split(".")[:2]) >= (1, 8):
-        return LogisticRegression(C=c, l1_ratio=1.0, solver="liblinear", tol=TOL, max_iter=2000, random_state=0)
-    return LogisticRegression(C=c, penalty="l1", solver="liblinear", tol=TOL, max_iter=2000, random_state=0)
+        return LogisticRegression(C=c, l1_ratio=1.0, solver="liblinear", tol=tol, max_iter=2000, random_state=0)
+    return LogisticRegression(C=c, penalty="l1", solver="liblinear", tol=tol, max_iter=2000, random_state=0)
 
 
 @dataclass
@@ -298,11 +298,13 @@ def fit_sparse_time_grid(
     start: SparseTimeFit | None = None,
     select_c: float | None = SELECT_C,
     bins: Bins = DEFAULT_BINS,
+    tol: float = TOL,
 ) -> dict[float, SparseTimeFit]:
     """:func:`fit_sparse_time` at each (refit) C of ``grid``, keyed by C: each label's codes are chosen once,
     at ``select_c``, for all of them (the choice does not depend on the refit's C). Each fit equals
     :func:`fit_sparse_time` at its C: liblinear reseeds at every fit. ``start`` gives the labels it can give
-    every C of the grid (with one C, as :func:`fit_sparse_time`)."""
+    every C of the grid (with one C, as :func:`fit_sparse_time`). ``tol``: liblinear's (:data:`TOL`; its own
+    fits only: ``start`` does not record one)."""
     Y = np.asarray(Y_train)
     if Y.ndim != 2 or Y.shape[0] != len(train):
         raise ValueError(f"Y_train must be (N_train, L) with N_train = {len(train)}, got {Y.shape}")
@@ -327,7 +329,7 @@ def fit_sparse_time_grid(
     # Processes, not threads: liblinear draws its coordinate order from one process-wide generator, so fits
     # running side by side in threads interleave their draws and the weights change from run to run.
     # joblib memory-maps the large arrays once for all the workers.
-    tasks = (delayed(_fit_label)(train, shared, j, Y[:, j], cs, select_c, coding) for j in todo)
+    tasks = (delayed(_fit_label)(train, shared, j, Y[:, j], cs, select_c, coding, tol) for j in todo)
     for j, per_c in zip(varying, Parallel(n_jobs=n_jobs, backend="loky")(tasks)):
         for fit, (coef, intercept) in zip(fits.values(), per_c):
             fit.own_weight[j], fit.shared_weight[j], fit.bias[j] = coef[:OWN_COLUMNS], coef[OWN_COLUMNS:], intercept
@@ -357,6 +359,7 @@ def _fit_label(
     cs: list[float],
     select_c: float | None,
     coding: CumulativeBins | None = None,
+    tol: float = TOL,
 ) -> list[tuple[np.ndarray, float]]:
     """Label ``j``'s relaxed L1 regressions on its design (``y`` ``(N,)`` 0/1; ``shared`` already coded with
     ``coding`` when given), one per refit C of ``cs`` after one selection: ``(coefficients, intercept)`` per
@@ -364,11 +367,11 @@ def _fit_label(
     design, y = label_design(train, shared, j, None if coding is None else coding.own), y.astype(int)
     width, columns = design.shape[1], cast("np.ndarray | slice", slice(None))
     if select_c is not None:
-        columns = refit_columns(l1_logistic_regression(select_c).fit(design, y).coef_[0], train.per_code.shape[1])
+        columns = refit_columns(l1_logistic_regression(select_c, tol).fit(design, y).coef_[0], train.per_code.shape[1])
         design = design[:, columns]
     out = []
     for c in cs:
-        model = l1_logistic_regression(c).fit(design, y)
+        model = l1_logistic_regression(c, tol).fit(design, y)
         coef = np.zeros(width)
         coef[columns] = model.coef_[0]
         out.append(((coef if coding is None else coding.to_indicator(coef)), float(model.intercept_[0])))
