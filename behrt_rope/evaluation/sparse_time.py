@@ -253,6 +253,13 @@ class SparseTimeFit:
             return np.zeros(0, dtype=np.int64)
         return np.flatnonzero(self.fitted)
 
+    def set_label(self, j: int, coef: np.ndarray, intercept: float) -> None:
+        """Label ``j``'s fitted ``(20 + 7 L + 18,)`` indicator weights (:func:`label_design`'s columns) and
+        intercept, marked fitted."""
+        assert self.fitted is not None
+        self.own_weight[j], self.shared_weight[j] = coef[:OWN_COLUMNS], coef[OWN_COLUMNS:]
+        self.bias[j], self.fitted[j] = intercept, True
+
     def take_labels(self, other: SparseTimeFit, labels: np.ndarray) -> None:
         """Take ``other``'s weights and intercepts of ``labels`` (column indices) as they are, marked fitted."""
         assert self.fitted is not None
@@ -333,8 +340,7 @@ def fit_sparse_time_grid(
     tasks = (delayed(_fit_label)(train, shared, j, Y[:, j], cs, select_c, coding, tol) for j in todo)
     for j, per_c in zip(varying, Parallel(n_jobs=n_jobs, backend="loky")(tasks)):
         for fit, (coef, intercept) in zip(fits.values(), per_c):
-            fit.own_weight[j], fit.shared_weight[j], fit.bias[j] = coef[:OWN_COLUMNS], coef[OWN_COLUMNS:], intercept
-            fit.fitted[j] = True  # type: ignore[index]  # _rate_fit gives every fit its array
+            fit.set_label(int(j), coef, intercept)
     return fits
 
 
@@ -366,7 +372,8 @@ def _fit_label(
     ``coding`` when given), one per refit C of ``cs`` after one selection: ``(coefficients, intercept)`` per
     indicator column of :func:`label_design`, 0 on those the selection left out."""
     design, y = label_design(train, shared, j, None if coding is None else coding.own), y.astype(int)
-    width, columns = design.shape[1], cast("np.ndarray | slice", slice(None))
+    width = design.shape[1]
+    columns: np.ndarray | slice = slice(None)
     if select_c is not None:
         columns = refit_columns(l1_logistic_regression(select_c, tol).fit(design, y).coef_[0], train.per_code.shape[1])
         design = design[:, columns]
