@@ -286,7 +286,7 @@ class References:
         return targets(self.tuning, self.tuning_samples, self.label_of_token)
 
 
-Features = Callable[[Sequences, Samples, int], tuple[sp.csr_matrix, np.ndarray]]
+Features = Callable[[Sequences, Samples, int], tuple[sp.csr_array, np.ndarray]]
 
 
 def _fit_logistic(
@@ -307,7 +307,7 @@ def _fit_logistic(
 def _logistic_c(
     name: str,
     features: Features,
-    train: tuple[sp.csr_matrix, np.ndarray, np.ndarray],
+    train: tuple[sp.csr_array, np.ndarray, np.ndarray],
     data: References,
     config: Config,
 ) -> tuple[float, dict[str, Any]]:
@@ -486,7 +486,7 @@ def _etl_settings(etl_dir: str) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _bag(seqs: Sequences, samples: Samples, vocab_size: int, binary: bool = False) -> tuple[sp.csr_matrix, np.ndarray]:
+def _bag(seqs: Sequences, samples: Samples, vocab_size: int, binary: bool = False) -> tuple[sp.csr_array, np.ndarray]:
     """log(1 + count) (``binary``: 0/1 presence) of each code in each sample's input, and its dense columns:
     the age at the prediction time (``age_features``) and the patient's sex (``sex_features``), (N, 5)."""
     starts = seqs.offsets[samples.rows]
@@ -505,7 +505,7 @@ def one_cut_samples(train: Sequences, task: TaskConfig, seed: int) -> Samples:
     return build_samples(train, dataclasses.replace(task, sampling="random_visit", seed=seed))
 
 
-def _presence(seqs: Sequences, samples: Samples, vocab_size: int) -> tuple[sp.csr_matrix, np.ndarray]:
+def _presence(seqs: Sequences, samples: Samples, vocab_size: int) -> tuple[sp.csr_array, np.ndarray]:
     """Whether each code is in each sample's input (0/1), and its dense columns: age (``age_features``), sex
     (``sex_features``) and log(1 + visits so far), (N, 6)."""
     matrix, dense = _bag(seqs, samples, vocab_size, binary=True)

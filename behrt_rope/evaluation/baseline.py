@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import scipy.sparse as sp
@@ -27,6 +27,9 @@ from tqdm.auto import tqdm
 from behrt_rope import schema
 from behrt_rope.evaluation.time_features import TimeFeatures
 from behrt_rope.training.tasks import macro_average_precision
+
+FeatureMatrix: TypeAlias = sp.sparray | sp.spmatrix | np.ndarray
+"""What the logistic regression reads: a sparse array (:func:`bag_of_codes`), a sparse matrix or a dense array."""
 
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0)
 """The logistic regression's inverse L2 strengths that :func:`choose_c` picks from on the tuning split. A
@@ -52,8 +55,8 @@ def bag_of_codes(
     *,
     binary: bool = True,
     min_id: int = schema.N_SPECIAL,
-) -> sp.csr_matrix:
-    """(N, vocab_size) CSR matrix: row i counts (``binary``: flags) the token ids of sample i.
+) -> sp.csr_array:
+    """(N, vocab_size) CSR array: row i counts (``binary``: flags) the token ids of sample i.
 
     Input either as a list of N int arrays, or as flat ids (M,) with ``offsets`` (N + 1,) (e.g. a pyarrow
     ``ListArray``'s ``.values`` and ``.offsets``). Ids below ``min_id`` (special tokens: [PAD], [CLS],
@@ -73,11 +76,22 @@ def bag_of_codes(
     keep = flat >= min_id
     data = np.ones(int(keep.sum()))
     shape = (len(offsets) - 1, vocab_size)
-    matrix = sp.csr_matrix((data, (rows[keep], flat[keep])), shape=shape)  # duplicates are summed
+    matrix = sp.csr_array((data, index_arrays(rows[keep], flat[keep], shape)), shape=shape)  # duplicates are summed
     matrix.sum_duplicates()
     if binary:
         matrix.data[:] = 1.0
     return matrix
+
+
+def index_arrays(rows: np.ndarray, columns: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` and ``columns`` as int32 when ``shape`` fits it: a sparse array keeps the index dtype it is built
+    from (a sparse matrix chose int32 itself), and liblinear refuses int64 indices.
+
+    >>> [a.dtype.name for a in index_arrays(np.array([0, 1]), np.array([2, 0]), (2, 3))]
+    ['int32', 'int32']
+    """
+    dtype = np.int32 if max(shape) <= np.iinfo(np.int32).max else np.int64
+    return np.asarray(rows, dtype=dtype), np.asarray(columns, dtype=dtype)
 
 
 def age_features(age_years: np.ndarray) -> np.ndarray:
@@ -97,23 +111,25 @@ def sex_features(sex_ids: np.ndarray) -> np.ndarray:
     return (ids[:, None] == np.arange(1, 4)[None, :]).astype(float)
 
 
-def _with_extra(X: sp.spmatrix, extra: np.ndarray | None, scaler: StandardScaler | None) -> sp.csr_matrix:
+def _with_extra(X: FeatureMatrix, extra: np.ndarray | None, scaler: StandardScaler | None) -> sp.csr_array:
+    """``(N, F + E)`` CSR array of ``X`` ``(N, F)`` and the ``extra`` columns ``(N, E)`` (standardised by
+    ``scaler`` when given)."""
     if extra is None:
-        return sp.csr_matrix(X)
+        return sp.csr_array(X)
     dense = scaler.transform(np.asarray(extra, dtype=float)) if scaler else np.asarray(extra, dtype=float)
-    return sp.hstack([sp.csr_matrix(X), sp.csr_matrix(dense)], format="csr")
+    return sp.hstack([sp.csr_array(X), sp.csr_array(dense)], format="csr")
 
 
-def _fit_one(X: sp.csr_matrix, y: np.ndarray, X_eval: sp.csr_matrix, C: float, seed: int) -> np.ndarray:
+def _fit_one(X: sp.csr_array, y: np.ndarray, X_eval: sp.csr_array, C: float, seed: int) -> np.ndarray:
     model = LogisticRegression(C=C, solver="liblinear", random_state=seed, max_iter=200)
     model.fit(X, y)
     return model.predict_proba(X_eval)[:, 1]
 
 
 def fit_predict_baseline(
-    X_train: sp.spmatrix | np.ndarray,
+    X_train: FeatureMatrix,
     Y_train: np.ndarray,
-    X_eval: sp.spmatrix | np.ndarray,
+    X_eval: FeatureMatrix,
     C: float = 1.0,
     seed: int = 0,
     *,
@@ -150,9 +166,9 @@ def fit_predict_baseline(
 
 
 def choose_c(
-    X_train: sp.spmatrix | np.ndarray,
+    X_train: FeatureMatrix,
     Y_train: np.ndarray,
-    X_tune: sp.spmatrix | np.ndarray,
+    X_tune: FeatureMatrix,
     Y_tune: np.ndarray,
     grid: Sequence[float] = C_GRID,
     seed: int = 0,

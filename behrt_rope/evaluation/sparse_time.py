@@ -45,11 +45,12 @@ import numpy as np
 import scipy.sparse as sp
 import sklearn
 from joblib import Parallel, delayed
+from scipy.linalg import block_diag
 from scipy.special import expit, logit
 from sklearn.linear_model import LogisticRegression
 from tqdm.auto import tqdm
 
-from behrt_rope.evaluation.baseline import tuning_label_sample
+from behrt_rope.evaluation.baseline import index_arrays, tuning_label_sample
 from behrt_rope.evaluation.time_features import TimeFeatures
 from behrt_rope.model.sparse_time_path import (
     AGE_EDGES,
@@ -109,7 +110,7 @@ def bins(values: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
     return np.where(np.isnan(values)[..., None], np.float32(0.0), out)
 
 
-def shared_design(features: TimeFeatures) -> sp.csr_matrix:
+def shared_design(features: TimeFeatures) -> sp.csr_array:
     """``(N, 7 L + 18)`` the columns every label reads: each label code's years-since-first bins and
     last-visit flag (7 per code, built sparse: most codes are absent from most histories), then the per-sample
     bins."""
@@ -119,15 +120,17 @@ def shared_design(features: TimeFeatures) -> sp.csr_matrix:
     rows, codes = np.nonzero(~np.isnan(per_code[:, :, 4]))  # recorded codes
     year_bin = np.digitize(per_code[rows, codes, 4], YEARS_EDGES)
     last_rows, last_codes = np.nonzero(per_code[:, :, 5] > 0)
-    timing = sp.csr_matrix(
+    shape = (n, n_codes * width)
+    timing = sp.csr_array(
         (
             np.ones(len(rows) + len(last_rows), dtype=np.float32),
-            (
+            index_arrays(
                 np.concatenate([rows, last_rows]),
                 np.concatenate([codes * width + year_bin, last_codes * width + width - 1]),
+                shape,
             ),
         ),
-        shape=(n, n_codes * width),
+        shape=shape,
     )
     age, visits, gap, sex = (features.per_sample[:, i] for i in range(4))
     sample = [
@@ -136,7 +139,7 @@ def shared_design(features: TimeFeatures) -> sp.csr_matrix:
         np.log1p(visits)[:, None],  # (N, 1)
         bins(gap, GAP_EDGES),  # (N, 5); no bin at a history's first visit
     ]
-    return sp.hstack([timing, sp.csr_matrix(np.concatenate(sample, axis=1))], format="csr")
+    return sp.hstack([timing, sp.csr_array(np.concatenate(sample, axis=1))], format="csr")
 
 
 def own_design(features: TimeFeatures, j: int) -> np.ndarray:
@@ -156,12 +159,12 @@ def own_design(features: TimeFeatures, j: int) -> np.ndarray:
 
 
 def label_design(
-    features: TimeFeatures, shared: sp.csr_matrix, j: int, own_map: np.ndarray | None = None
-) -> sp.csr_matrix:
+    features: TimeFeatures, shared: sp.csr_array, j: int, own_map: np.ndarray | None = None
+) -> sp.csr_array:
     """``(N, 20 + 7 L + 18)`` label ``j``'s model input: its own columns (times ``own_map`` ``(20, 20)``
     when given: :attr:`CumulativeBins.own`), then ``shared`` (:func:`shared_design`, coded the same way)."""
     own = own_design(features, j)
-    return sp.hstack([sp.csr_matrix(own if own_map is None else own @ own_map), shared], format="csr")
+    return sp.hstack([sp.csr_array(own if own_map is None else own @ own_map), shared], format="csr")
 
 
 def _steps(size: int, first: bool) -> np.ndarray:
@@ -191,7 +194,7 @@ class CumulativeBins:
 
     own: np.ndarray
     """``(20, 20)`` for :func:`own_design`'s columns."""
-    shared: sp.csr_matrix
+    shared: sp.csr_array
     """``(7 L + 18, 7 L + 18)`` for :func:`shared_design`'s columns."""
 
     @classmethod
@@ -203,12 +206,12 @@ class CumulativeBins:
         ((20, 20), (32, 32))
         """
         visits, days, years = len(VISITS_EDGES) + 1, len(DAYS_EDGES) + 1, len(YEARS_EDGES) + 1
-        own = sp.block_diag(
-            [np.eye(2), _steps(visits, False), _steps(days, False), _steps(years, False), np.eye(1)]
-        ).toarray()
-        per_code = [sp.block_diag([_steps(years, True), np.eye(1)])] * n_labels
+        own = block_diag(np.eye(2), _steps(visits, False), _steps(days, False), _steps(years, False), np.eye(1))
+        per_code = [sp.coo_array(block_diag(_steps(years, True), np.eye(1)))] * n_labels
         sample = [_steps(len(AGE_EDGES) + 1, False), np.eye(len(SEX_IDS)), np.eye(1), _steps(len(GAP_EDGES) + 1, True)]
-        return cls(own.astype(np.float32), sp.block_diag([*per_code, *sample], format="csr", dtype=np.float32))
+        # Sparse blocks, so a sparse array comes out (SciPy 1.18 deprecates block_diag of dense blocks only).
+        shared = sp.block_diag([*per_code, *map(sp.coo_array, sample)], format="csr", dtype=np.float32)
+        return cls(own.astype(np.float32), shared)
 
     def to_indicator(self, coef: np.ndarray) -> np.ndarray:
         """``(20 + 7 L + 18,)`` indicator weights of the cumulative weights ``coef`` (same shape)."""
@@ -360,7 +363,7 @@ def _rate_fit(rate: np.ndarray, c: float, select_c: float | None, bins: Bins) ->
 
 def _fit_label(
     train: TimeFeatures,
-    shared: sp.csr_matrix,
+    shared: sp.csr_array,
     j: int,
     y: np.ndarray,
     cs: list[float],
