@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from sklearn.metrics import roc_auc_score
 
 from behrt_rope import schema
@@ -11,6 +14,7 @@ from behrt_rope.errors import UserError
 from behrt_rope.evaluation.baseline import (
     C_GRID,
     GBM_GRID,
+    _with_extra,
     age_features,
     bag_of_codes,
     choose_c,
@@ -39,6 +43,22 @@ def test_bag_of_codes_sliced_offsets_and_errors() -> None:
     assert bag_of_codes(flat, 10, np.array([1, 3, 4])).toarray()[:, 5:9].tolist() == [[0, 1, 1, 0], [0, 0, 0, 1]]
     with pytest.raises(ValueError, match="token ids"):
         bag_of_codes([np.array([10])], 10)
+
+
+def test_the_regression_s_inputs_are_sparse_arrays_built_without_a_scipy_deprecation() -> None:
+    """SciPy is deprecating its sparse matrix API: the bag of codes and the regression's input with its dense
+    columns are CSR sparse arrays, with the int32 indices liblinear takes, built without a DeprecationWarning."""
+    lists = [np.array([5, 6, 6]), np.array([], dtype=int), np.array([7])]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        bag = bag_of_codes(lists, 9, binary=False)
+        both = _with_extra(bag, np.array([[1.0], [2.0], [3.0]]), None)
+        dense = _with_extra(bag.toarray(), None, None)
+    for built in (bag, both, dense):
+        assert isinstance(built, sp.sparray) and built.format == "csr" and built.indices.dtype == np.int32
+    assert both.shape == (3, 10) and dense.shape == (3, 9)
+    np.testing.assert_array_equal(both.toarray()[:, 5:], [[1, 2, 0, 0, 1], [0, 0, 0, 0, 2], [0, 0, 1, 0, 3]])
+    np.testing.assert_array_equal(dense.toarray(), bag.toarray())
 
 
 def _separable(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

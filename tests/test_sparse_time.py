@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
+import scipy.sparse as sp
+from scipy.linalg import block_diag
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from behrt_rope.evaluation.sparse_time import (
@@ -66,6 +70,27 @@ def test_shared_columns_give_every_codes_first_record_and_the_sample_bins() -> N
     gap = shared[:, 27:]
     np.testing.assert_array_equal(gap[0], np.zeros(5))  # a history's first visit has no previous one
     assert gap[1].argmax() == 1  # 20 days: 14-30
+
+
+def test_the_designs_are_sparse_arrays_built_without_a_scipy_deprecation() -> None:
+    """SciPy is deprecating its sparse matrix API (``block_diag`` of dense blocks only warns from SciPy 1.18,
+    the matrix classes later): the designs and the cumulative coding are CSR sparse arrays, with the int32
+    indices liblinear takes, built without a DeprecationWarning, and hold the same values."""
+    features = hand_made()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        coding = CumulativeBins.for_labels(2)
+        shared = shared_design(features)
+        cumulative = (shared @ coding.shared).tocsr()
+        design = label_design(features, cumulative, 0, coding.own)
+    for built in (coding.shared, shared, cumulative, design):
+        assert isinstance(built, sp.sparray) and built.format == "csr" and built.indices.dtype == np.int32
+    assert coding.shared.dtype == np.float32 and coding.shared.shape == (7 * 2 + 18, 7 * 2 + 18)
+    years_then_last = block_diag(np.tril(np.ones((6, 6))), np.eye(1))  # each code's 6 year bins, then its flag
+    np.testing.assert_array_equal(coding.shared.toarray()[:14, :14], block_diag(years_then_last, years_then_last))
+    assert design.shape == (2, OWN_COLUMNS + 7 * 2 + 18)
+    want = np.hstack([own_design(features, 0) @ coding.own, shared.toarray() @ coding.shared.toarray()])
+    np.testing.assert_allclose(design.toarray(), want, rtol=1e-6)
 
 
 def _timing_cohort(n: int, rng: np.random.Generator) -> tuple[TimeFeatures, np.ndarray, np.ndarray]:
