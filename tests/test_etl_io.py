@@ -61,6 +61,19 @@ def test_gzipped_csv_and_part_folders_are_read(tmp_path: Path) -> None:
     assert out.manifest["events_used"]["events"] == 3
 
 
+@pytest.mark.parametrize("marker", ["NA", "NULL", "null", "\\N"])
+def test_csv_null_markers_are_missing_values(tmp_path: Path, marker: str) -> None:
+    """R writes NA, SQL exports NULL or \\N: a missing death date or visit id, not a bad date or a visit id."""
+    patients = [{**p, "death_date": marker} for p in PATIENTS]
+    events = [
+        {"patient_id": "p1", "date": "2010-01-01", "code": "E11", "visit_id": marker},
+        {"patient_id": "p1", "date": "2010-03-01", "code": "I10", "visit_id": marker},
+    ]
+    out = etl(write_visits(tmp_path / "in", patients, events), tmp_path / "out", split=ALL_TRAIN)
+    assert out.token_strings("p1") == ["[CLS]", "E11", "[SEP]", "I10", "[SEP]"]  # two dates: two visits
+    assert out.tokens[S.DEATH_DATE].isna().all() and out.manifest["reconciles"]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Types: CSV is text, Parquet ids may be integers, float codes are refused
 # ---------------------------------------------------------------------------------------------------------

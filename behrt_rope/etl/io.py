@@ -20,6 +20,7 @@ from behrt_rope.errors import InputSchemaError
 
 TABLE_SUFFIXES = (".parquet", ".csv", ".csv.gz")
 BATCH_ROWS = 1 << 18  # rows per streamed batch: bounds the reader's transient memory
+CSV_NULLS = ("", "NA", "NULL", "null", "\\N")  # missing values as R, SQL exports and PostgreSQL COPY write them
 
 
 def find_table(input_dir: Path, name: str, required: bool = True) -> list[Path]:
@@ -80,7 +81,8 @@ def _first_row(path: Path) -> list[object]:
 
 
 def iter_batches(path: Path, columns: Sequence[str]) -> Iterator[pa.Table]:
-    """Stream ``columns`` of a file in row order, as tables of up to ~1M rows; CSV columns as text.
+    """Stream ``columns`` of a file in row order, as tables of up to ~1M rows; CSV columns as text, with
+    the null markers of :data:`CSV_NULLS` (``NA``, ``NULL``, ``\\N``) read as missing.
 
     Dictionary-encoded Parquet columns (a pandas ``category`` column, say) come back decoded. A file that
     cannot be parsed stops with an :class:`InputSchemaError` naming it.
@@ -120,7 +122,10 @@ def _batches(path: Path, columns: Sequence[str]) -> Iterator[pa.Table]:
         return
     names = column_names(path)
     convert = pacsv.ConvertOptions(
-        column_types={c: pa.string() for c in names}, include_columns=list(columns), strings_can_be_null=False
+        column_types={c: pa.string() for c in names},
+        include_columns=list(columns),
+        null_values=list(CSV_NULLS),
+        strings_can_be_null=True,
     )
     reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=16 << 20), convert_options=convert)
     for batch in reader:
