@@ -74,6 +74,18 @@ def test_csv_null_markers_are_missing_values(tmp_path: Path, marker: str) -> Non
     assert out.tokens[S.DEATH_DATE].isna().all() and out.manifest["reconciles"]
 
 
+@pytest.mark.parametrize("delimiter", ["\t", ";", "|"])
+def test_csv_with_another_delimiter_reads_as_with_commas(tmp_path: Path, delimiter: str) -> None:
+    """Tab-separated files (Athena's vocabulary, PostgreSQL COPY) and Excel's semicolons are read alike."""
+    src = tmp_path / "in"
+    src.mkdir()
+    pd.DataFrame(PATIENTS).to_csv(src / "patients.csv", sep=delimiter, index=False)
+    pd.DataFrame(EVENTS).to_csv(src / "events.csv", sep=delimiter, index=False)
+    out = etl(src, tmp_path / "out", split=ALL_TRAIN)
+    assert out.token_strings("p1") == ["[CLS]", "0250", "250", "[SEP]"]
+    assert out.token_strings("p2") == ["[CLS]", "E119", "[SEP]"]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Types: CSV is text, Parquet ids may be integers, float codes are refused
 # ---------------------------------------------------------------------------------------------------------

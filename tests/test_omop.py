@@ -246,6 +246,38 @@ def test_case_insensitive_names_and_text_integers(tmp_path: Path) -> None:
     assert raw.patients[S.BIRTH_DATE].notna().sum() == 3
 
 
+def test_athena_concept_table_and_r_written_csv(tmp_path: Path) -> None:
+    """Athena's CONCEPT.csv is tab-separated with upper-case columns; R writes a missing value as NA. The
+    result is that of the same cohort written with commas and empty fields."""
+    concept = pd.DataFrame(
+        {
+            "CONCEPT_ID": [201826, 4000, 4001],
+            "CONCEPT_NAME": ["Type 2 diabetes mellitus", "A", "B"],
+            "VOCABULARY_ID": ["SNOMED"] * 3,
+            "CONCEPT_CODE": ["44054006", "1001", "1002"],
+            "VALID_START_DATE": ["19700101"] * 3,
+        }
+    )
+    condition = conditions().iloc[[0, 2, 3]].drop(columns=[S.OMOP_CONDITION_SOURCE_VALUE])  # visit 10; none; none
+    tables = {
+        S.OMOP_PERSON: PERSON.iloc[:1],
+        S.OMOP_CONDITION: condition,
+        S.OMOP_VISIT: VISIT.iloc[:1].assign(visit_end_date=None),
+    }
+    outputs = {}
+    for name, na in (("clean", ""), ("athena_and_r", "NA")):
+        root = tmp_path / name
+        root.mkdir()
+        for table, frame in tables.items():
+            frame.to_csv(root / f"{table}.csv", index=False, na_rep=na)
+        concept.to_csv(root / ("CONCEPT.csv" if na else "concept.csv"), index=False, sep="\t" if na else ",")
+        run_etl(root, tmp_path / f"out_{name}", config(all_train=True, code_source="auto"), progress=False)
+        outputs[name] = token_streams(tmp_path / f"out_{name}")
+    assert outputs["athena_and_r"] == outputs["clean"]
+    tokens = ["[CLS]", "SNOMED/44054006", "[SEP]", "SNOMED/1001", "SNOMED/1002", "[SEP]"]
+    assert outputs["clean"]["1"]["tokens"] == tokens
+
+
 def test_impossible_birth_parts_are_unparseable(tmp_path: Path) -> None:
     person = pd.DataFrame(
         {

@@ -20,6 +20,7 @@ from behrt_rope.errors import InputSchemaError
 
 TABLE_SUFFIXES = (".parquet", ".csv", ".csv.gz")
 BATCH_ROWS = 1 << 18  # rows per streamed batch: bounds the reader's transient memory
+CSV_DELIMITERS = (",", "\t", ";", "|")  # the first one the header holds separates the columns
 CSV_NULLS = ("", "NA", "NULL", "null", "\\N")  # missing values as R, SQL exports and PostgreSQL COPY write them
 
 
@@ -65,7 +66,18 @@ def column_names(path: Path) -> list[str]:
 
 
 def _open_csv(path: Path) -> pacsv.CSVStreamingReader:
-    return pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 16))
+    return pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 16), parse_options=_parse_options(path))
+
+
+def _parse_options(path: Path) -> pacsv.ParseOptions:
+    """The CSV's delimiter: the first of :data:`CSV_DELIMITERS` found in its header line (a comma if none).
+
+    Tab-separated files (Athena's vocabulary tables, PostgreSQL ``COPY``) and semicolons (Excel in many
+    locales) are read as they are; a header with a comma is always read as comma-separated.
+    """
+    with pa.input_stream(str(path), compression="detect") as stream:
+        header = stream.read(1 << 16).split(b"\n", 1)[0].decode("utf-8", errors="replace")
+    return pacsv.ParseOptions(delimiter=next((d for d in CSV_DELIMITERS if d in header), ","))
 
 
 def _first_row(path: Path) -> list[object]:
@@ -127,7 +139,12 @@ def _batches(path: Path, columns: Sequence[str]) -> Iterator[pa.Table]:
         null_values=list(CSV_NULLS),
         strings_can_be_null=True,
     )
-    reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=16 << 20), convert_options=convert)
+    reader = pacsv.open_csv(
+        path,
+        read_options=pacsv.ReadOptions(block_size=16 << 20),
+        parse_options=_parse_options(path),
+        convert_options=convert,
+    )
     for batch in reader:
         empty = False
         yield pa.Table.from_batches([batch])
