@@ -280,6 +280,18 @@ def test_text_ids_and_times(tmp_path: Path) -> None:
     assert manifest["quarantine_reasons"] == {S.Reason.UNPARSEABLE_DATE: 1}
 
 
+def test_codes_with_surrounding_blanks_read_as_without(tmp_path: Path) -> None:
+    """Blanks around codes (a fixed-width or hand-made export) change nothing: births, stays and diagnoses
+    are found as they are in the clean dataset, as the visits and OMOP readers strip their codes."""
+    results = {}
+    for name, rows in (("clean", COHORT), ("padded", [(s, t, f" {code}  ") for s, t, code in COHORT])):
+        manifest = run_etl(write_meds(tmp_path / name, rows), tmp_path / f"out_{name}", config(True), progress=False)
+        results[name] = (token_streams(tmp_path / f"out_{name}"), manifest["tables"], manifest["reader"])
+    assert results["padded"] == results["clean"]
+    assert results["clean"][2]["meds.visit_rule"] == "admission (auto)"
+    assert results["clean"][0]["2"]["tokens"] == ["[CLS]", "ICD10CM/E119", "ICD9CM/25000", "[SEP]"]
+
+
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_real_sample(tmp_path: Path) -> None:

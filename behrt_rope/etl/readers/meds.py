@@ -228,8 +228,8 @@ def read_descriptions(input_dir: Path, styles: list[Style], aliases: dict[str, s
 
 
 def _string(code: pa.ChunkedArray) -> pa.ChunkedArray:
-    """The code column as Arrow strings (large strings and dictionaries are cast)."""
-    return code if pa.types.is_string(code.type) else pc.cast(code, pa.string())
+    """The code column as Arrow strings (large strings and dictionaries are cast), surrounding blanks stripped."""
+    return pc.utf8_trim_whitespace(code if pa.types.is_string(code.type) else pc.cast(code, pa.string()))
 
 
 def _lookup_masks(code: pa.ChunkedArray, meds: MedsConfig) -> dict[str, pa.ChunkedArray]:
