@@ -315,6 +315,19 @@ def test_missing_table_and_column(tmp_path: Path) -> None:
         omop.read(tmp_path / "b", config())
 
 
+def test_missing_source_value_chosen_by_auto_says_how_to_read_concept_ids(tmp_path: Path) -> None:
+    """Without a concept table ``code_source=auto`` reads source values; an export without them is told to
+    read concept ids instead."""
+    frame = conditions().drop(columns=S.OMOP_CONDITION_SOURCE_VALUE)
+    root = write_omop(tmp_path, "csv", {S.OMOP_PERSON: PERSON, S.OMOP_CONDITION: frame})
+    with pytest.raises(InputSchemaError) as caught:
+        omop.read(root, config(code_source="auto"))
+    message = str(caught.value)
+    assert message.startswith(f"{root / 'condition_occurrence.csv'}: missing required column 'condition_source_value'")
+    assert message.endswith("set etl.omop.code_source=concept_id to read condition_concept_id")
+    assert len(omop.read(root, config(code_source="concept_id")).events) == len(CONDITIONS)
+
+
 def test_shards_give_the_same_result(tmp_path: Path) -> None:
     root = write_omop(tmp_path / "in")
     one = run_etl(root, tmp_path / "one", config(), progress=False)

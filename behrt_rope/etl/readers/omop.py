@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from behrt_rope import schema as S
+from behrt_rope.errors import InputSchemaError
 from behrt_rope.etl import io
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.raw import EVENT_COLUMNS, PATIENT_COLUMNS, RawTables, concat, events_frame, patients_frame
@@ -71,7 +72,10 @@ def plan(input_dir: Path, config: EtlConfig) -> Plan:
     tables = {}
     for name, (wanted, required, kinds) in _tables(code_column).items():
         files = find_table(input_dir, name, required=name in (S.OMOP_PERSON, S.OMOP_CONDITION))
-        tables[name] = source.plan_table(input_dir, name, files, wanted, required, S.OMOP_PERSON_ID, lower_case=True)
+        try:
+            tables[name] = source.plan_table(input_dir, name, files, wanted, required, S.OMOP_PERSON_ID, True)
+        except InputSchemaError as err:
+            raise _with_code_source_hint(err, code_column, config.omop.code_source) from err
         source.check_types(tables[name], kinds, _check)
     facts = {"all:integer_ids": source.integer_ids(tables[S.OMOP_PERSON])}
     return Plan(input_dir, {k: v for k, v in tables.items() if v.files}, facts, {"code_column": code_column})
@@ -200,6 +204,18 @@ def build(data: ShardInput, config: EtlConfig) -> RawTables:
         notes=notes,
         patient_id_type="int64" if data.facts.get("all:integer_ids") else "string",
         descriptions=named,
+    )
+
+
+def _with_code_source_hint(err: InputSchemaError, code_column: str, setting: str) -> InputSchemaError:
+    """A missing source value column that ``code_source=auto`` chose (no concept table): say how to read
+    concept ids instead; any other error as it is."""
+    missing = f"missing required column '{S.OMOP_CONDITION_SOURCE_VALUE}'"
+    if setting != "auto" or code_column != S.OMOP_CONDITION_SOURCE_VALUE or missing not in str(err):
+        return err
+    return InputSchemaError(
+        f"{err}; etl.omop.code_source=auto reads {code_column} when there is no concept table: "
+        f"set etl.omop.code_source=concept_id to read {S.OMOP_CONDITION_CONCEPT_ID}"
     )
 
 
