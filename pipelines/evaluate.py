@@ -177,7 +177,7 @@ def run(config: Config) -> Path:
             len(np.unique(samples.rows)),
             y.shape[1],
         )
-        model = multilabel_model(bundle)
+        model = multilabel_model(bundle, config.model)
         device = resolve_device(config.device)
         # with the sparse time path, also the ablation: what the encoder and its heads give alone
         parts: tuple[Part, ...] = ("model", "deep") if model.sparse_time is not None else ("model",)

@@ -244,7 +244,8 @@ def _predict_local(job: Job, config: Config, bundle: dict[str, Any], sink: Calla
     from behrt_rope.training.inference import multilabel_model, resolve_device
 
     device = resolve_device(config.device)
-    scorer = Scorer(multilabel_model(bundle), device, config.precision, config.batch_tokens, config.batch_size)
+    model = multilabel_model(bundle, job.model_dir)
+    scorer = Scorer(model, device, config.precision, config.batch_tokens, config.batch_size)
     log.info("predict: scoring on %s in %s", device, str(scorer.dtype).removeprefix("torch."))
     tally = Tally()
     src = ShardSource.open(Path(job.input_dir), job.etl)

@@ -115,6 +115,23 @@ def test_a_model_saved_before_a_head_field_existed_loads_as_the_model_it_was(tmp
     multilabel_model(loaded)  # strict load: every weight in place, none missing
 
 
+def test_weights_of_another_model_stop_with_one_line(tmp_path: Path) -> None:
+    """model.safetensors and model.json of two runs side by side (a copied file, another version): a one-line
+    ArtifactError naming the directory, both files and the first mismatch, not torch's many-line RuntimeError."""
+    config = ModelConfig(vocab_size=30, hidden_size=16, num_layers=1, num_heads=2)
+    model = BehrtForMultiLabel(config, num_labels=4)
+    save_bundle(tmp_path, "multilabel", config, model.state_dict(), labels=["A", "B", "C", "D"], pooling="visit")
+    (tmp_path / S.DONE_MARKER).write_text("finetune\n")
+    meta = json.loads((tmp_path / S.MODEL_META_FILE).read_text())
+    meta["model_config"]["hidden_size"] = 32
+    (tmp_path / S.MODEL_META_FILE).write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError) as err:
+        multilabel_model(load_bundle(tmp_path, "multilabel"), tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path}: {S.MODEL_WEIGHTS_FILE} does not fit the model {S.MODEL_META_FILE}")
+    assert "size mismatch for encoder." in message and "\n" not in message
+
+
 def test_save_bundle_refuses_a_value_json_cannot_hold_before_writing(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         save_bundle(tmp_path, "mlm", ModelConfig(vocab_size=5), {}, labels={1, 2})

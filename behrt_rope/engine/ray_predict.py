@@ -39,7 +39,7 @@ class ShardScorer:
 
         torch.set_num_threads(threads)
         self.job = job
-        model = multilabel_model(load_bundle(job.model_dir, "multilabel"))
+        model = multilabel_model(load_bundle(job.model_dir, "multilabel"), job.model_dir)
         self.scorer = Scorer(model, resolve_device(device), precision, max_tokens, max_batch)  # type: ignore[arg-type]
         self.source: Any = None  # the input, planned at the first shard this actor scores
 

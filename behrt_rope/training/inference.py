@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from behrt_rope import schema as S
 from behrt_rope.data.batching import model_inputs
 from behrt_rope.data.datasets import VisitScoredDataset, labelled_dataset
 from behrt_rope.data.sequences import Sequences
+from behrt_rope.errors import ArtifactError
 from behrt_rope.model.heads import BehrtForMultiLabel
 
 
@@ -21,10 +24,18 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def multilabel_model(bundle: dict[str, Any]) -> BehrtForMultiLabel:
-    """A fine-tuned model from its bundle, in eval mode."""
+def multilabel_model(bundle: dict[str, Any], where: str | Path = "the model directory") -> BehrtForMultiLabel:
+    """A fine-tuned model from its bundle, in eval mode. Weights that do not fit the model its description
+    builds (files of two runs or versions side by side in ``where``) stop with a one-line ArtifactError."""
     model = BehrtForMultiLabel(bundle["model_config"], len(bundle["labels"]), bundle["pooling"])
-    model.load_state_dict(bundle["state_dict"])
+    try:
+        model.load_state_dict(bundle["state_dict"])
+    except RuntimeError as err:
+        detail = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()), str(err))
+        raise ArtifactError(
+            f"{where}: {S.MODEL_WEIGHTS_FILE} does not fit the model {S.MODEL_META_FILE} describes ({detail[:200]}); "
+            "the two files come from different runs or versions: rerun `behrt-rope finetune`"
+        ) from None
     return model.eval()
 
 
