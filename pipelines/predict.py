@@ -53,6 +53,8 @@ from behrt_rope.training.bundle import load_bundle
 log = logging.getLogger("behrt_rope.predict")
 ROW_GROUP_ROWS = 1 << 20  # rows per Parquet row group of the predictions file
 UNKNOWN_WARNING_SHARE = 0.5  # above this share of code events unseen in training, predict warns
+OTHER_FORMATS = (".csv", ".tsv", ".txt", ".json", ".jsonl", ".xlsx", ".xls", ".feather", ".arrow", ".gz", ".zip")
+"""Suffixes of ``--out`` that promise another format than the Parquet predict writes."""
 
 
 @dataclass
@@ -137,8 +139,40 @@ def run(config: Config) -> Path:
     input_dir, out = Path(config.input), Path(config.out)
     if not input_dir.is_dir():
         raise UserError(f"input directory not found: {input_dir}")
+    check_out(out, config)
     with file_output(out, sidecars(out)):  # first: a second run writing the same OUT stops at once
         return _predict(config, input_dir, out)
+
+
+def check_out(out: Path, config: Config) -> None:
+    """Refuse an ``out`` that predict would wrongly remove or misname (it removes ``out`` whole first).
+
+    An existing ``out`` is replaced when it is a previous predictions output (:func:`_is_previous`) or a
+    plain file outside ``--input`` and ``--model``; never ``--input``, ``--model`` or a folder holding them.
+    A name with another format's suffix (``.csv``) is refused for the long layout.
+    """
+    if config.layout == "long" and out.suffix.lower() in OTHER_FORMATS:
+        raise UserError(f"--out {out}: predictions are written as Parquet; name the file *.parquet, not {out.suffix}")
+    target = out.resolve()
+    for flag, folder in (("--input", Path(config.input).resolve()), ("--model", Path(config.model).resolve())):
+        holds = target == folder or target in folder.parents
+        if holds or (folder in target.parents and out.exists() and not _is_previous(out)):
+            raise UserError(f"--out {out}: predict would replace {flag} {folder} or part of it; write elsewhere")
+    if out.is_dir() and not _is_previous(out):
+        raise UserError(
+            f"--out {out}: an existing directory that is not a previous predictions output, which predict would "
+            f"replace whole; name a new file, such as {out / 'predictions.parquet'}"
+        )
+
+
+def _is_previous(out: Path) -> bool:
+    """Whether ``out`` is what an earlier run wrote: ``OUT.summary.json`` beside it and, for a folder
+    (``engine=ray``, ``layout=meds``), nothing in it but Parquet files and the MEDS layout's index."""
+    if not sidecars(out)[-1].exists():
+        return False
+    return not out.is_dir() or all(
+        f.is_file() and (f.suffix == ".parquet" or f.name == S.MEDS_PREDICTIONS_INDEX) for f in out.iterdir()
+    )
 
 
 def _predict(config: Config, input_dir: Path, out: Path) -> Path:

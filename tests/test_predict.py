@@ -13,7 +13,8 @@ from scipy.stats import spearmanr
 
 from behrt_rope import schema as S
 from behrt_rope.cli import main
-from tests.fixtures_training import build_finetuned
+from behrt_rope.errors import UserError
+from tests.fixtures_training import build_finetuned, error_line
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +155,43 @@ def test_new_histories_are_thinned_as_the_model_s_etl_thinned_its_own(visits_dir
     seqs = prepare_shard(ShardSource.open(raw, etl), vocab, 0, 1).seqs
     assert seqs.token_ids.tolist() == [S.CLS_ID, 5, 6, S.SEP_ID, 7, S.SEP_ID, 5, 8, S.SEP_ID, 9, S.SEP_ID]
     assert seqs.thinned_visits.tolist() == [2]
+
+
+def _refusal(capsys, model_dir, raw, out) -> str:
+    argv = ["predict", "--model", str(model_dir), "--input", str(raw), "--out", str(out), "progress=false"]
+    assert main(argv) == 1
+    return error_line(capsys.readouterr().err)
+
+
+def test_out_never_replaces_a_folder_the_input_or_the_model(tmp_path, capsys):
+    """``predict`` removes ``--out`` whole before writing: a folder that is no earlier predictions output, the
+    input or the model given as ``--out`` is refused untouched (it used to be deleted), and so is a .csv name."""
+    raw, model_dir, results = tmp_path / "new", tmp_path / "ft", tmp_path / "results"
+    for folder in (raw, model_dir, results):
+        folder.mkdir()
+        (folder / "keep.parquet").write_text("x")
+    assert "not a previous predictions output" in _refusal(capsys, model_dir, raw, results)
+    assert "would replace --input" in _refusal(capsys, model_dir, raw, raw)
+    assert "would replace --input" in _refusal(capsys, model_dir, raw, tmp_path)  # a folder holding it
+    assert "would replace --input" in _refusal(capsys, model_dir, raw, raw / "keep.parquet")
+    assert "would replace --model" in _refusal(capsys, model_dir, raw, model_dir)
+    assert "name the file *.parquet, not .csv" in _refusal(capsys, model_dir, raw, tmp_path / "risks.csv")
+    assert all((folder / "keep.parquet").read_text() == "x" for folder in (raw, model_dir, results))
+
+
+def test_an_earlier_predictions_output_is_still_replaced(tmp_path):
+    """What a run wrote (a file, or a folder of parts with engine=ray) is replaced by the next run."""
+    from pipelines import predict as pipeline
+
+    config = pipeline.Config(model=str(tmp_path / "ft"), input=str(tmp_path / "new"), out="")
+    parts, single = tmp_path / "ray.parquet", tmp_path / "p.parquet"
+    parts.mkdir()
+    (parts / "part-00000.parquet").write_bytes(b"")
+    single.write_bytes(b"")
+    for out in (parts, single):
+        out.with_suffix(".summary.json").write_text("{}")
+        pipeline.check_out(out, config)  # no error
+    (parts / "notes.txt").write_text("mine")  # not a predictions folder any more
+    with pytest.raises(UserError, match="not a previous predictions output"):
+        pipeline.check_out(parts, config)
+
