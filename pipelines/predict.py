@@ -193,6 +193,7 @@ def _predict(config: Config, input_dir: Path, out: Path) -> Path:
 
     def finish(tally: Tally) -> None:
         _write_sidecars(out, config, tally, etl, job.labels, job.shards, time.perf_counter() - started)
+        _require_scored(tally, out)
 
     if config.layout == "meds":  # a folder: one meds-evaluation file per label code, and an index
         with atomic.atomic_dir(out) as tmp:
@@ -322,6 +323,21 @@ def _collect(job: Job, config: Config, bundle: dict[str, Any], out: Path) -> tup
     if table is None:
         table = predictions_schema(job.patient_id_type or "string").empty_table()
     return table, tally
+
+
+def _require_scored(tally: Tally, out: Path) -> None:
+    """Stop, before ``out`` is renamed into place, when no patient could be scored: the sidecars written
+    beside it say why (an empty predictions file would pass for a run that scored everyone)."""
+    if tally.patients_scored:
+        return
+    unscored = pd.concat(tally.unscored, ignore_index=True) if tally.unscored else pd.DataFrame({S.REASON: []})
+    reasons = ", ".join(f"{reason} ({n})" for reason, n in Counter(unscored[S.REASON]).most_common(3))
+    stem = out.with_suffix("")
+    raise UserError(
+        f"no patient could be scored: {len(unscored)} patient(s) in the input"
+        + (f", none with a usable history (most frequent reasons: {reasons})" if reasons else "")
+        + f"; see {stem}.unscored.parquet and {stem}.quarantine.parquet"
+    )
 
 
 def _write_sidecars(

@@ -195,3 +195,22 @@ def test_an_earlier_predictions_output_is_still_replaced(tmp_path):
     with pytest.raises(UserError, match="not a previous predictions output"):
         pipeline.check_out(parts, config)
 
+
+@pytest.mark.slow
+def test_nothing_scored_stops_with_the_reasons_and_writes_no_predictions(model, tmp_path, capsys):
+    """Events whose ids match no patient (text ids against integers) score nobody: an error naming the
+    reasons and the sidecars, not an empty predictions file and exit status 0."""
+    raw, model_dir = model
+    new = tmp_path / "new"
+    new.mkdir()
+    patients = pd.read_csv(raw / "patients.csv", dtype=str).head(5)
+    events = pd.read_csv(raw / "events.csv", dtype=str)
+    events = events[events[S.PATIENT_ID].isin(patients[S.PATIENT_ID])]
+    patients.assign(patient_id=range(5)).to_csv(new / "patients.csv", index=False)
+    events.to_csv(new / "events.csv", index=False)
+    out = tmp_path / "p.parquet"
+    line = _refusal(capsys, model_dir, new, out)
+    assert "no patient could be scored: 10 patient(s)" in line and "unknown_patient (5)" in line
+    assert "no_events (5)" in line and str(tmp_path / "p.unscored.parquet") in line
+    assert not out.exists() and summary(out)["patients_scored"] == 0
+    assert summary(out)["rows_quarantined"] == {"unknown_patient": len(events)}
