@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -148,9 +148,12 @@ def stage(out_dir: str | Path, resolved: Any, name: str, inputs: Iterable[str | 
 
 
 @contextmanager
-def file_output(out: str | Path, related: Iterable[str | Path] = ()) -> Iterator[Path]:
-    """Lock a single-file output (``.OUT.lock`` beside it) and remove it (a file, or a folder of parts) and
-    its ``related`` files first, with any temporary files an interrupted run left for them.
+def file_output(
+    out: str | Path, related: Iterable[str | Path] = (), check: Callable[[], None] = lambda: None
+) -> Iterator[Path]:
+    """Lock a single-file output (``.OUT.lock`` beside it), call ``check`` (which may refuse ``out``), and
+    remove it (a file, or a folder of parts) and its ``related`` files, with any temporary files an
+    interrupted run left for them.
 
     The caller writes ``related`` files (sidecars) and then ``out`` itself, atomically and last, so that
     ``out`` exists only when everything it goes with is complete.
@@ -158,6 +161,7 @@ def file_output(out: str | Path, related: Iterable[str | Path] = ()) -> Iterator
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(path.with_name(f".{path.name}.lock"), path):
+        check()
         for file in (path, *map(Path, related)):
             if file.is_dir() and not file.is_symlink():
                 shutil.rmtree(file)

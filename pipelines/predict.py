@@ -139,8 +139,7 @@ def run(config: Config) -> Path:
     input_dir, out = Path(config.input), Path(config.out)
     if not input_dir.is_dir():
         raise UserError(f"input directory not found: {input_dir}")
-    check_out(out, config)
-    with file_output(out, sidecars(out)):  # first: a second run writing the same OUT stops at once
+    with file_output(out, sidecars(out), lambda: check_out(out, config)):  # a second run stops at once
         return _predict(config, input_dir, out)
 
 
