@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(chosen if chosen in COMMANDS else None)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(overrides_last(argv))
     if args.command is None:
         parser.print_help()
         return 2
@@ -180,6 +180,23 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     print(out)
     return 0
+
+
+def overrides_last(argv: list[str]) -> list[str]:
+    """``argv`` with its ``key=value`` overrides moved after the flags, in their order: argparse takes one run
+    of positionals only, and refused overrides on both sides of a flag as unrecognised. A flag's value
+    (the argument after a flag without '=') stays in place, whatever it holds.
+
+    >>> overrides_last(["etl", "a=1", "--out", "x=y", "b=2", "--format", "meds"])
+    ['etl', '--out', 'x=y', '--format', 'meds', 'a=1', 'b=2']
+    """
+    kept: list[str] = []
+    overrides: list[str] = []
+    is_value = False
+    for arg in argv:
+        (overrides if not is_value and "=" in arg and not arg.startswith("-") else kept).append(arg)
+        is_value = arg.startswith("--") and "=" not in arg and arg not in ("--help", "--version")
+    return kept + overrides
 
 
 def resolve_config(name: str, args: argparse.Namespace, module: ModuleType) -> object:

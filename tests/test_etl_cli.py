@@ -197,3 +197,14 @@ def test_etl_help_lists_its_config_keys(capsys: pytest.CaptureFixture[str]) -> N
 def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([]) == 2
     assert "COMMAND" in capsys.readouterr().out
+
+
+def test_overrides_on_both_sides_of_a_flag_are_all_taken(tmp_path: Path) -> None:
+    """``key=value`` overrides between and after flags (argparse takes one run of them and refused the rest as
+    unrecognised); a flag's value holding '=' stays that flag's value."""
+    src, out = write_visits(tmp_path / "in", PATIENTS, EVENTS), tmp_path / "a=b"
+    argv = ["etl", "etl.code_truncate=3", "--input", str(src), "progress=false", "--out", str(out), "etl.shards=1"]
+    assert cli.main(argv) == 0
+    resolved = yaml.safe_load((out / S.RESOLVED_CONFIG_FILE).read_text())
+    assert resolved["etl"]["code_truncate"] == 3 and resolved["etl"]["shards"] == 1 and resolved["out"] == str(out)
+    assert resolved["progress"] is False
