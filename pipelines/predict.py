@@ -107,15 +107,35 @@ class Tally:
     quarantine: list[pd.DataFrame] = field(default_factory=list)
     unknown_codes: Counter[str] = field(default_factory=Counter)
     code_events: int = 0  # code tokens of the scored histories, known or not
+    rows: dict[str, Counter[str]] = field(default_factory=dict)  # per input file, as the ETL manifest counts
+    truncation: Counter[str] = field(default_factory=Counter)  # patients_truncated, events_dropped
 
     def add(
-        self, scored: int, unscored: pd.DataFrame, quarantine: pd.DataFrame, unknown: Counter[str], code_events: int
+        self,
+        scored: int,
+        unscored: pd.DataFrame,
+        quarantine: pd.DataFrame,
+        unknown: Counter[str],
+        code_events: int,
+        rows: dict[str, Counter[str]],
+        truncation: Counter[str],
     ) -> None:
         self.patients_scored += scored
         self.unscored.append(unscored)
         self.quarantine.append(quarantine)
         self.unknown_codes.update(unknown)
         self.code_events += code_events
+        for table, counts in rows.items():
+            self.rows.setdefault(table, Counter()).update(counts)
+        self.truncation.update(truncation)
+
+    def input_rows(self) -> dict[str, dict[str, Any]]:
+        """Per input file: rows read = used + quarantined + duplicates dropped + filtered (the ETL's count)."""
+        report = {}
+        for table, c in sorted(self.rows.items()):
+            parts = {k: int(c.get(k, 0)) for k in ("used", "quarantined", "duplicates_dropped", "filtered")}
+            report[table] = {"rows": int(c["rows"]), **parts, "reconciles": sum(parts.values()) == c["rows"]}
+        return report
 
 
 @dataclass
@@ -297,7 +317,13 @@ def _predict_local(job: Job, config: Config, bundle: dict[str, Any], sink: Calla
             patients = prepared.seqs.patients
             written = writer.submit(_lay_out_and_sink, sink, patients, job.labels, probs, job.patient_id_type)
             tally.add(
-                len(prepared.seqs), prepared.unscored, prepared.quarantine, prepared.unknown_codes, prepared.code_events
+                len(prepared.seqs),
+                prepared.unscored,
+                prepared.quarantine,
+                prepared.unknown_codes,
+                prepared.code_events,
+                prepared.rows,
+                prepared.truncation,
             )
             del prepared, probs, patients
         if written is not None:
@@ -374,6 +400,8 @@ def _write_sidecars(
         "unknown_codes_top": dict(tally.unknown_codes.most_common(20)),
         "code_events": tally.code_events,
         "rows_quarantined": dict(Counter(quarantine[S.REASON])) if len(quarantine) else {},
+        "input_rows": tally.input_rows(),
+        "truncation": {"max_seq_len": etl.max_seq_len, **{k: int(v) for k, v in sorted(tally.truncation.items())}},
         "input_format": etl.format,
         "engine": config.engine,
         "shards": shards,

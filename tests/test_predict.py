@@ -214,3 +214,29 @@ def test_nothing_scored_stops_with_the_reasons_and_writes_no_predictions(model, 
     assert "no_events (5)" in line and str(tmp_path / "p.unscored.parquet") in line
     assert not out.exists() and summary(out)["patients_scored"] == 0
     assert summary(out)["rows_quarantined"] == {"unknown_patient": len(events)}
+
+
+@pytest.mark.slow
+def test_the_summary_reconciles_every_input_row_and_counts_the_truncated_history(model, tmp_path):
+    """Rows read = used + quarantined + duplicates dropped + filtered per input file, as in the ETL manifest,
+    and the events the model's max_seq_len cut from a long history are counted, not lost silently."""
+    _, model_dir = model
+    days = pd.date_range("2000-01-01", periods=300, freq="7D").strftime("%Y-%m-%d")
+    events = pd.DataFrame({S.PATIENT_ID: "long", S.DATE: np.repeat(days, 2), S.CODE: ["I10", "E119"] * 300})
+    bad = pd.DataFrame({S.PATIENT_ID: ["long", "ghost"], S.DATE: ["1950-01-01", "2001-01-01"], S.CODE: ["I10"] * 2})
+    new = tmp_path / "new"
+    new.mkdir()
+    pd.DataFrame({S.PATIENT_ID: ["long"], S.BIRTH_DATE: ["1960-01-01"]}).to_csv(new / "patients.csv", index=False)
+    pd.concat([events, events.head(3), bad]).to_csv(new / "events.csv", index=False)
+    predict(new, model_dir, tmp_path / "p.parquet")
+    got = summary(tmp_path / "p.parquet")
+    assert got["input_rows"]["events.csv"] == {
+        "rows": 605,
+        "used": 600,
+        "quarantined": 2,  # before birth, unknown patient
+        "duplicates_dropped": 3,
+        "filtered": 0,
+        "reconciles": True,
+    }
+    assert got["truncation"]["patients_truncated"] == 1 and got["truncation"]["max_seq_len"] == 512
+    assert got["code_events"] + got["truncation"]["events_dropped"] == 600 and got["code_events"] < 512

@@ -167,5 +167,12 @@ def test_ray_predict_gives_the_local_probabilities(tmp_path_factory, tmp_path):
     pd.testing.assert_frame_equal(local.drop(columns=S.PROBABILITY), on_ray.drop(columns=S.PROBABILITY))
     np.testing.assert_allclose(local[S.PROBABILITY], on_ray[S.PROBABILITY], atol=1e-6, rtol=0)
     a, b = (json.loads((tmp_path / f"{n}.summary.json").read_text()) for n in ("local", "ray"))
-    for key in ("patients_scored", "patients_not_scored", "unknown_code_events", "rows_quarantined"):
-        assert a[key] == b[key]
+    for key in (
+        "patients_scored",
+        "patients_not_scored",
+        "unknown_code_events",
+        "rows_quarantined",
+        "input_rows",
+        "truncation",
+    ):
+        assert a[key] == b[key], key

@@ -55,6 +55,8 @@ class ShardScorer:
             "code_events": [],
             "unscored": [],
             "quarantine": [],
+            "rows": [],
+            "truncation": [],
         }
         for shard in batch["shard"].tolist():
             if self.source is None:
@@ -69,6 +71,8 @@ class ShardScorer:
             out["unscored"].append(_to_parquet(pa.Table.from_pandas(prepared.unscored, preserve_index=False)))
             quarantine = pa.Table.from_pandas(prepared.quarantine, schema=S.QUARANTINE, preserve_index=False)
             out["quarantine"].append(_to_parquet(quarantine))
+            out["rows"].append(json.dumps(prepared.rows))
+            out["truncation"].append(json.dumps(prepared.truncation))
         return out
 
 
@@ -110,6 +114,8 @@ def predict_on_ray(job: Job, config: Config, parts_dir: Path) -> Tally:
             _from_parquet(row["quarantine"]),
             unknown,
             int(row["code_events"]),
+            {table: Counter(c) for table, c in json.loads(row["rows"]).items()},
+            Counter(json.loads(row["truncation"])),
         )
     return tally
 

@@ -37,6 +37,8 @@ class Prepared:
     code_events: int  # code tokens of the scored histories, known or not
     quarantine: pd.DataFrame
     patient_id_type: str
+    rows: dict[str, Counter[str]]  # per input file: rows, used, quarantined, duplicates_dropped, filtered
+    truncation: Counter[str]  # patients_truncated, events_dropped: what the model's max_seq_len cut off
 
 
 def estimate_rows(input_dir: Path) -> int:
@@ -81,6 +83,10 @@ def prepare_shard(src: ShardSource, vocab: pd.DataFrame, shard: int, shards: int
         code_events=len(tokens),
         quarantine=result.quarantine,
         patient_id_type=raw.patient_id_type,
+        rows=result.counts,
+        truncation=Counter(
+            patients_truncated=structured.truncated_patients, events_dropped=structured.truncated_events
+        ),
     )
 
 
