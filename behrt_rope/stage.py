@@ -131,6 +131,7 @@ def stage(out_dir: str | Path, resolved: Any, name: str, inputs: Iterable[str | 
     with ExitStack() as stack:
         if primary:
             stack.enter_context(output_lock(out / schema.LOCK_FILE, out))
+            _refuse_another_stage(out, name)
             (out / schema.DONE_MARKER).unlink(missing_ok=True)
             atomic.remove_partials(out)
         handler = logging.FileHandler(out / schema.LOG_FILE, mode="a")
@@ -145,6 +146,17 @@ def stage(out_dir: str | Path, resolved: Any, name: str, inputs: Iterable[str | 
             config_lib.save(resolved, out / schema.RESOLVED_CONFIG_FILE)
             atomic.write_text(out / schema.INPUTS_FILE, json.dumps(made_from, indent=1) + "\n")
             atomic.write_text(out / schema.DONE_MARKER, name + "\n")
+
+
+def _refuse_another_stage(out: Path, name: str) -> None:
+    """A one-line ArtifactError when ``out`` holds another stage's finished output (``evaluate --out
+    MODEL_DIR``): writing there would replace its marker, config and metrics and break it for later stages."""
+    marker = out / schema.DONE_MARKER
+    made_by = marker.read_text().strip() if marker.exists() else name
+    if made_by != name:
+        raise ArtifactError(
+            f"{out}: holds a `behrt-rope {made_by}` output; give `behrt-rope {name}` its own --out directory"
+        )
 
 
 @contextmanager

@@ -138,6 +138,19 @@ def test_second_etl_into_a_live_runs_output_stops_at_once(
     assert main(argv) == 0 and (out / S.DONE_MARKER).exists() and not (out / S.LOCK_FILE).exists()
 
 
+def test_a_stage_never_writes_into_another_stage_s_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--out`` naming another stage's finished output (``evaluate --out MODEL_DIR``) is refused untouched: its
+    ``.done``, ``config.yaml`` and ``metrics.json`` used to be overwritten, leaving a model predict refused."""
+    raw, model = write_cohort(tmp_path / "raw"), tmp_path / "ft"
+    model.mkdir()
+    files = {S.DONE_MARKER: "finetune\n", S.RESOLVED_CONFIG_FILE: "a: 1\n", S.METRICS_FILE: "{}"}
+    for name, text in files.items():
+        (model / name).write_text(text)
+    assert main(["etl", "--input", str(raw), "--out", str(model), "progress=false"]) == 1
+    assert f"{model}: holds a `behrt-rope finetune` output" in one_line_error(capsys)
+    assert {p.name: p.read_text() for p in model.iterdir()} == files
+
+
 def test_stale_lock_left_in_an_output_is_taken_over_by_the_next_run(tmp_path: Path) -> None:
     raw, out = write_cohort(tmp_path / "raw"), tmp_path / "etl"
     out.mkdir()
