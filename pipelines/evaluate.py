@@ -157,7 +157,11 @@ def run(config: Config) -> Path:
     bundle = load_bundle(config.model, "multilabel")
     seqs, vocab = load_tokens(config.data), load_vocabulary(config.data)
     if vocab["token"].tolist() != bundle["vocab"]:
-        raise UserError(f"{config.model} was trained on a different vocabulary than {config.data}")
+        raise UserError(
+            f"{config.model} was trained on a different vocabulary than {config.data} ({len(bundle['vocab'])} "
+            f"tokens against {len(vocab)}); evaluate scores the held-out split of the ETL output the model was "
+            f"fine-tuned on{_trained_on(config.model)}"
+        )
     task = config_lib.build(TaskConfig, bundle["task"])
     if config.oracle and task.name != "next_visit":
         raise UserError(
@@ -512,6 +516,13 @@ def _presence(seqs: Sequences, samples: Samples, vocab_size: int) -> tuple[sp.cs
     last = seqs.offsets[samples.rows] + samples.cuts - 1
     visits = np.log1p(seqs.visit_index[last].astype(float) + 1.0)[:, None]
     return matrix, np.hstack([dense, visits])
+
+
+def _trained_on(model_dir: str) -> str:
+    """`` (--data DIR)``: the ETL output a fine-tuning run read, from its resolved config; '' if unknown."""
+    saved = Path(model_dir) / S.RESOLVED_CONFIG_FILE
+    data = config_lib.load_yaml(saved).get("data") if saved.exists() else None
+    return f" (--data {data})" if data else ""
 
 
 def _pretrain_metrics(bundle: dict[str, Any]) -> dict[str, Any] | None:

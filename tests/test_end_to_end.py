@@ -183,6 +183,18 @@ def test_predict_scores_new_histories_and_reports_what_it_could_not_use(visits_r
     # (tests/test_wild_inputs.py validates MEDS-layout predictions with meds-evaluation)
 
 
+@pytest.mark.slow
+def test_evaluate_on_another_etl_output_names_the_one_the_model_was_trained_on(visits_run, tmp_path, capsys):
+    root, d = visits_run
+    other = tmp_path / "etl_full_codes"  # the same cohort at full codes: another vocabulary
+    _run("etl", "--input", str(root / "cohort"), "--out", str(other), "progress=false")
+    argv = ["evaluate", "--model", str(d["ft"]), "--data", str(other), "--out", str(tmp_path / "eval")]
+    assert main(argv) == 1
+    line = error_line(capsys.readouterr().err)
+    assert "was trained on a different vocabulary" in line and f"fine-tuned on (--data {d['etl']})" in line
+    assert not (tmp_path / "eval").exists()
+
+
 def test_commands_fail_with_one_line_messages(tmp_path, capsys):
     assert main(["finetune", "--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 1
     assert "run `behrt-rope etl` first" in error_line(capsys.readouterr().err)
