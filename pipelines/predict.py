@@ -159,8 +159,24 @@ def run(config: Config) -> Path:
     input_dir, out = Path(config.input), Path(config.out)
     if not input_dir.is_dir():
         raise UserError(f"input directory not found: {input_dir}")
-    with file_output(out, sidecars(out), lambda: check_out(out, config)):  # a second run stops at once
-        return _predict(config, input_dir, out)
+    bundle: dict[str, Any] = {}
+
+    def check() -> None:  # under OUT's lock, so a second run stops at once; before OUT is removed
+        check_out(out, config)
+        bundle.update(_loadable_bundle(config.model))  # a model that cannot score costs no earlier output
+
+    with file_output(out, sidecars(out), check):
+        return _predict(config, input_dir, out, bundle)
+
+
+def _loadable_bundle(model_dir: str) -> dict[str, Any]:
+    """The fine-tuned model's bundle, once a model has been built from it (weights that do not fit stop here):
+    ``predict`` replaces its earlier output, which a run that cannot score must not cost."""
+    from behrt_rope.training.inference import multilabel_model
+
+    bundle = load_bundle(model_dir, "multilabel")
+    multilabel_model(bundle, model_dir)
+    return bundle
 
 
 def check_out(out: Path, config: Config) -> None:
@@ -194,10 +210,10 @@ def _is_previous(out: Path) -> bool:
     )
 
 
-def _predict(config: Config, input_dir: Path, out: Path) -> Path:
-    """Load the model, score every shard, write the sidecars and then ``out`` (renamed into place last)."""
+def _predict(config: Config, input_dir: Path, out: Path, bundle: dict[str, Any]) -> Path:
+    """Score every shard with the model of ``bundle``, write the sidecars and then ``out`` (renamed into place
+    last)."""
     started = time.perf_counter()
-    bundle = load_bundle(config.model, "multilabel")
     etl = _etl_config(bundle, config.format, config.etl)
     job = Job(
         model_dir=config.model,

@@ -4,6 +4,7 @@ shard, and bf16 scoring that barely moves the rankings."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -194,6 +195,27 @@ def test_an_earlier_predictions_output_is_still_replaced(tmp_path):
     (parts / "notes.txt").write_text("mine")  # not a predictions folder any more
     with pytest.raises(UserError, match="not a previous predictions output"):
         pipeline.check_out(parts, config)
+
+
+@pytest.mark.slow
+def test_a_model_that_cannot_be_loaded_leaves_the_earlier_predictions(model, tmp_path, capsys):
+    """predict replaces its earlier output, so a model whose weights do not fit its description stops before
+    that output is touched: the earlier predictions and their summary are still there, unchanged."""
+    raw, model_dir = model
+    broken = tmp_path / "ft"
+    shutil.copytree(model_dir, broken)
+    out = tmp_path / "risks.parquet"
+    before = predict(raw, broken, out)
+    meta = json.loads((broken / S.MODEL_META_FILE).read_text())
+    meta["model_config"]["hidden_size"] *= 2
+    (broken / S.MODEL_META_FILE).write_text(json.dumps(meta))
+    capsys.readouterr()
+    argv = ["predict", "--model", str(broken), "--input", str(raw), "--out", str(out), "progress=false"]
+    assert main(argv) != 0
+    assert "does not fit the model" in error_line(capsys.readouterr().err)
+    after = pd.read_parquet(out).sort_values([S.PATIENT_ID, S.CODE], ignore_index=True)
+    pd.testing.assert_frame_equal(after, before)
+    assert out.with_suffix(".summary.json").exists()
 
 
 @pytest.mark.slow
