@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -49,6 +49,9 @@ from behrt_rope.scoring.shard import (
 )
 from behrt_rope.stage import file_output, write_json
 from behrt_rope.training.bundle import load_bundle
+
+if TYPE_CHECKING:
+    from behrt_rope.model.heads import BehrtForMultiLabel
 
 log = logging.getLogger("behrt_rope.predict")
 ROW_GROUP_ROWS = 1 << 20  # rows per Parquet row group of the predictions file
@@ -159,24 +162,23 @@ def run(config: Config) -> Path:
     input_dir, out = Path(config.input), Path(config.out)
     if not input_dir.is_dir():
         raise UserError(f"input directory not found: {input_dir}")
-    bundle: dict[str, Any] = {}
+    loaded: list[tuple[dict[str, Any], BehrtForMultiLabel]] = []
 
     def check() -> None:  # under OUT's lock, so a second run stops at once; before OUT is removed
         check_out(out, config)
-        bundle.update(_loadable_bundle(config.model))  # a model that cannot score costs no earlier output
+        loaded.append(_load_model(config.model))  # a model that cannot score costs no earlier output
 
     with file_output(out, sidecars(out), check):
-        return _predict(config, input_dir, out, bundle)
+        return _predict(config, input_dir, out, *loaded[0])
 
 
-def _loadable_bundle(model_dir: str) -> dict[str, Any]:
-    """The fine-tuned model's bundle, once a model has been built from it (weights that do not fit stop here):
-    ``predict`` replaces its earlier output, which a run that cannot score must not cost."""
+def _load_model(model_dir: str) -> tuple[dict[str, Any], BehrtForMultiLabel]:
+    """The fine-tuned model's bundle and the model built from it (weights that do not fit stop here, before
+    ``predict`` replaces its earlier output, which a run that cannot score must not cost)."""
     from behrt_rope.training.inference import multilabel_model
 
     bundle = load_bundle(model_dir, "multilabel")
-    multilabel_model(bundle, model_dir)
-    return bundle
+    return bundle, multilabel_model(bundle, model_dir)
 
 
 def check_out(out: Path, config: Config) -> None:
@@ -210,9 +212,9 @@ def _is_previous(out: Path) -> bool:
     )
 
 
-def _predict(config: Config, input_dir: Path, out: Path, bundle: dict[str, Any]) -> Path:
-    """Score every shard with the model of ``bundle``, write the sidecars and then ``out`` (renamed into place
-    last)."""
+def _predict(config: Config, input_dir: Path, out: Path, bundle: dict[str, Any], model: BehrtForMultiLabel) -> Path:
+    """Score every shard with ``model`` (built from ``bundle``; the Ray engine's actors build their own), write
+    the sidecars and then ``out`` (renamed into place last)."""
     started = time.perf_counter()
     etl = _etl_config(bundle, config.format, config.etl)
     job = Job(
@@ -232,7 +234,7 @@ def _predict(config: Config, input_dir: Path, out: Path, bundle: dict[str, Any])
 
     if config.layout == "meds":  # a folder: one meds-evaluation file per label code, and an index
         with atomic.atomic_dir(out) as tmp:
-            table, tally = _collect(job, config, bundle, out)
+            table, tally = _collect(job, config, model, out)
             meds_predictions.write(table, tmp)
             finish(tally)
     elif config.engine == "ray":  # a folder of parts, one per shard
@@ -244,7 +246,7 @@ def _predict(config: Config, input_dir: Path, out: Path, bundle: dict[str, Any])
         with atomic.atomic_path(out) as tmp:
             writer = _ParquetSink(tmp)
             try:
-                tally = _predict_local(job, config, bundle, writer.write)
+                tally = _predict_local(job, config, model, writer.write)
             finally:
                 writer.close()
             finish(tally)
@@ -303,7 +305,7 @@ class _ParquetSink:
             self.writer.close()
 
 
-def _predict_local(job: Job, config: Config, bundle: dict[str, Any], sink: Callable[[pa.Table], None]) -> Tally:
+def _predict_local(job: Job, config: Config, model: BehrtForMultiLabel, sink: Callable[[pa.Table], None]) -> Tally:
     """Shards in order, each shard's predictions handed to ``sink``, from one thread and in shard order.
 
     While a shard is scored, the next one is read and tokenised in one thread, and the previous one's
@@ -311,10 +313,9 @@ def _predict_local(job: Job, config: Config, bundle: dict[str, Any], sink: Calla
     shard's predictions wait to be written: memory holds about two shards' predictions, not the input's.
     """
     from behrt_rope.scoring.scorer import Scorer
-    from behrt_rope.training.inference import multilabel_model, resolve_device
+    from behrt_rope.training.inference import resolve_device
 
     device = resolve_device(config.device)
-    model = multilabel_model(bundle, job.model_dir)
     scorer = Scorer(model, device, config.precision, config.batch_tokens, config.batch_size)
     log.info("predict: scoring on %s in %s", device, str(scorer.dtype).removeprefix("torch."))
     tally = Tally()
@@ -347,7 +348,7 @@ def _predict_local(job: Job, config: Config, bundle: dict[str, Any], sink: Calla
     return tally
 
 
-def _collect(job: Job, config: Config, bundle: dict[str, Any], out: Path) -> tuple[pa.Table, Tally]:
+def _collect(job: Job, config: Config, model: BehrtForMultiLabel, out: Path) -> tuple[pa.Table, Tally]:
     """Every shard's predictions in one long table (for layout=meds), on either engine."""
     if config.engine == "ray":
         from behrt_rope.engine.ray_predict import predict_on_ray
@@ -359,7 +360,7 @@ def _collect(job: Job, config: Config, bundle: dict[str, Any], out: Path) -> tup
             table = pa.concat_tables([pq.read_table(f) for f in files]) if files else None
     else:
         tables: list[pa.Table] = []
-        tally = _predict_local(job, config, bundle, tables.append)
+        tally = _predict_local(job, config, model, tables.append)
         table = pa.concat_tables(tables) if tables else None
     if table is None:
         table = predictions_schema(job.patient_id_type or "string").empty_table()
