@@ -152,6 +152,7 @@ class Job:
     labels: list[str]
     patient_id_type: str  # int64 or string as the input has it; '' until the first shard is read
     shards: int
+    trained_format: str = ""  # the input format of the model's own ETL; '' when its bundle does not say
     out_dir: str = ""  # engine=ray: the folder the actors write their parts into
 
 
@@ -225,11 +226,39 @@ def _predict(config: Config, input_dir: Path, out: Path, bundle: dict[str, Any],
         labels=list(bundle["labels"]),
         patient_id_type="",
         shards=n_shards(input_dir, config.shards, config.shard_rows),
+        trained_format=str(bundle.get("etl_settings", {}).get("etl", {}).get("format", "")),
     )
     log.info("predict: %s engine, %d shard(s), layout %s", config.engine, job.shards, config.layout)
+    note = format_note(job)
+    if note:
+        log.warning("predict: %s; another format may name codes differently (see the summary)", note)
+    try:
+        return _score_all(config, job, out, model, started)
+    except UserError as err:
+        if not note:
+            raise
+        raise UserError(f"{err} [{note}]") from err
+
+
+def format_note(job: Job) -> str:
+    """Both formats, when the input is read in another format than the one the model's ETL read ('' when
+    they agree or the model does not say).
+
+    >>> format_note(Job("m", "i", EtlConfig(format="meds"), pd.DataFrame(), [], "", 1, trained_format="visits"))
+    'the input was read as --format meds, the model was trained on --format visits input'
+    """
+    if not job.trained_format or job.trained_format == job.etl.format:
+        return ""
+    given, trained = job.etl.format, job.trained_format
+    return f"the input was read as --format {given}, the model was trained on --format {trained} input"
+
+
+def _score_all(config: Config, job: Job, out: Path, model: BehrtForMultiLabel, started: float) -> Path:
+    """Score every shard on the configured engine into the configured layout, then write the sidecars and
+    ``out`` (renamed into place last)."""
 
     def finish(tally: Tally) -> None:
-        _write_sidecars(out, config, tally, etl, job.labels, job.shards, time.perf_counter() - started)
+        _write_sidecars(out, config, tally, job, time.perf_counter() - started)
         _require_scored(tally, out)
 
     if config.layout == "meds":  # a folder: one meds-evaluation file per label code, and an index
@@ -382,9 +411,7 @@ def _require_scored(tally: Tally, out: Path) -> None:
     )
 
 
-def _write_sidecars(
-    out: Path, config: Config, tally: Tally, etl: EtlConfig, labels: list[str], shards: int, seconds: float
-) -> None:
+def _write_sidecars(out: Path, config: Config, tally: Tally, job: Job, seconds: float) -> None:
     """The unscored patients, the quarantine, the resolved config and the summary, each written atomically."""
     stem = out.with_suffix("")
     unscored = pd.concat(tally.unscored, ignore_index=True) if tally.unscored else pd.DataFrame()
@@ -405,6 +432,7 @@ def _write_sidecars(
             tmp,
         )
     config_lib.save(config, f"{stem}.config.yaml")
+    etl, labels = job.etl, job.labels
     unknown_events = sum(tally.unknown_codes.values())
     summary = {
         "predictions": str(out),
@@ -420,18 +448,21 @@ def _write_sidecars(
         "input_rows": tally.input_rows(),
         "truncation": {"max_seq_len": etl.max_seq_len, **{k: int(v) for k, v in sorted(tally.truncation.items())}},
         "input_format": etl.format,
+        "training_format": job.trained_format or None,
+        "format_differs": bool(format_note(job)),
         "engine": config.engine,
-        "shards": shards,
+        "shards": job.shards,
         "seconds": round(seconds, 3),
     }
     write_json(Path(f"{stem}.summary.json"), summary)
     if tally.code_events and unknown_events > UNKNOWN_WARNING_SHARE * tally.code_events:
         log.warning(
             "predict: %.0f%% of code events have codes the model never saw (most frequent: %s; the model's "
-            "codes look like %s); are the reader settings (etl.*) naming codes the way training did?",
+            "codes look like %s); are the reader settings (etl.*) naming codes the way training did?%s",
             100 * unknown_events / tally.code_events,
             ", ".join(t for t, _ in tally.unknown_codes.most_common(3)),
             ", ".join(labels[:3]),
+            f" ({format_note(job)})" if format_note(job) else "",
         )
     log.info(
         "predict: %d patients scored, %d not scored (%s), %d events with codes unseen in training (%d codes)",

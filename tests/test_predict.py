@@ -262,3 +262,50 @@ def test_the_summary_reconciles_every_input_row_and_counts_the_truncated_history
     }
     assert got["truncation"]["patients_truncated"] == 1 and got["truncation"]["max_seq_len"] == 512
     assert got["code_events"] + got["truncation"]["events_dropped"] == 600 and got["code_events"] < 512
+
+
+def _few_patients(raw, folder, n=20, codes=lambda c: c, extra=None):
+    """The first ``n`` patients of the cohort in ``raw`` as a new visits-format input in ``folder``, their codes
+    passed through ``codes``, with ``extra`` event rows added."""
+    folder.mkdir()
+    patients = pd.read_csv(raw / "patients.csv", dtype=str).head(n)
+    events = pd.read_csv(raw / "events.csv", dtype=str)
+    events = events[events[S.PATIENT_ID].isin(patients[S.PATIENT_ID])].assign(code=lambda e: e[S.CODE].map(codes))
+    patients.to_csv(folder / "patients.csv", index=False)
+    pd.concat([events, pd.DataFrame(extra or [])]).to_csv(folder / "events.csv", index=False)
+    return folder
+
+
+def _meds_copy(raw, folder, n=20):
+    """The first ``n`` patients of the visits cohort in ``raw`` as MEDS, codes named ``ICD10CM/code``."""
+    from tests.test_meds import write_meds
+
+    patients = pd.read_csv(raw / "patients.csv", dtype=str).head(n)
+    events = pd.read_csv(raw / "events.csv", dtype=str)
+    number = {pid: i for i, pid in enumerate(patients[S.PATIENT_ID])}
+    rows = [(number[p], b, "MEDS_BIRTH") for p, b in zip(patients[S.PATIENT_ID], patients[S.BIRTH_DATE])]
+    events = events[events[S.PATIENT_ID].isin(number)]
+    rows += [(number[p], d, f"ICD10CM/{c}") for p, d, c in zip(events[S.PATIENT_ID], events[S.DATE], events[S.CODE])]
+    return write_meds(folder, rows)
+
+
+@pytest.mark.slow
+def test_a_format_other_than_the_model_s_is_named_in_the_error_the_warning_and_the_summary(
+    model, tmp_path, capsys, caplog
+):
+    """Another --format than the model was trained on may be right (the same codes in MEDS), so it is not
+    refused; but when it fails, or leaves codes unknown, the error, the warning and the summary name both."""
+    raw, model_dir = model
+    argv = ["predict", "--model", str(model_dir), "--input", str(raw), "--out", str(tmp_path / "a.parquet")]
+    assert main([*argv, "--format", "meds", "progress=false"]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert "no MEDS event files" in line and "--format meds, the model was trained on --format visits" in line
+    out = tmp_path / "b.parquet"
+    predict(_meds_copy(raw, tmp_path / "meds"), model_dir, out, "--format", "meds")
+    got = summary(out)
+    assert (got["input_format"], got["training_format"], got["format_differs"]) == ("meds", "visits", True)
+    warned = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert "100% of code events have codes the model never saw" in warned and "trained on --format visits" in warned
+    same = tmp_path / "c.parquet"
+    predict(_few_patients(raw, tmp_path / "visits"), model_dir, same, "--format", "visits")
+    assert summary(same)["format_differs"] is False
