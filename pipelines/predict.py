@@ -39,6 +39,8 @@ from behrt_rope.errors import UserError
 from behrt_rope.etl.config import EtlConfig
 from behrt_rope.etl.readers import ShardSource
 from behrt_rope.evaluation import meds_predictions
+from behrt_rope.scoring.code_match import SETTING as MATCH_SETTING
+from behrt_rope.scoring.code_match import Matcher, Remedy, would_match
 from behrt_rope.scoring.precision import Precision
 from behrt_rope.scoring.shard import (
     Prepared,
@@ -74,6 +76,10 @@ class Config:
     """long: one row per patient and code (SPEC), streamed; meds: OUT is a folder of MEDS prediction files, one
     per label code (meds-evaluation's PredictionSchema), with index.json mapping codes to files (held in memory
     whole before writing)."""
+    match_codes: list[Remedy] = field(default_factory=list)
+    """Respell codes the model never saw onto its vocabulary: vocabulary_prefix strips or adds a VOCABULARY/ prefix
+    (ICD10CM/E119 <-> E119), case matches regardless of case (e119 -> E119); a spelling that two of the model's
+    codes share matches neither. Empty: codes are read as given, and the summary counts what each would match."""
     etl: Any = None
     """Reader settings, the same keys as `behrt-rope etl` (etl.meds.*, etl.omop.*, ...), applied over the
     model's saved ETL settings: e.g. etl.omop.vocabulary=SNOMED to score OMOP without a concept table."""
@@ -108,8 +114,9 @@ class Tally:
     patients_scored: int = 0
     unscored: list[pd.DataFrame] = field(default_factory=list)
     quarantine: list[pd.DataFrame] = field(default_factory=list)
-    unknown_codes: Counter[str] = field(default_factory=Counter)
+    unknown_codes: Counter[str] = field(default_factory=Counter)  # after match_codes
     code_events: int = 0  # code tokens of the scored histories, known or not
+    matched_codes: Counter[str] = field(default_factory=Counter)  # respelled by match_codes, by input token
     rows: dict[str, Counter[str]] = field(default_factory=dict)  # per input file, as the ETL manifest counts
     truncation: Counter[str] = field(default_factory=Counter)  # patients_truncated, events_dropped
 
@@ -122,12 +129,14 @@ class Tally:
         code_events: int,
         rows: dict[str, Counter[str]],
         truncation: Counter[str],
+        matched: Counter[str],
     ) -> None:
         self.patients_scored += scored
         self.unscored.append(unscored)
         self.quarantine.append(quarantine)
         self.unknown_codes.update(unknown)
         self.code_events += code_events
+        self.matched_codes.update(matched)
         for table, counts in rows.items():
             self.rows.setdefault(table, Counter()).update(counts)
         self.truncation.update(truncation)
@@ -153,6 +162,7 @@ class Job:
     patient_id_type: str  # int64 or string as the input has it; '' until the first shard is read
     shards: int
     trained_format: str = ""  # the input format of the model's own ETL; '' when its bundle does not say
+    match_codes: tuple[Remedy, ...] = ()
     out_dir: str = ""  # engine=ray: the folder the actors write their parts into
 
 
@@ -227,6 +237,7 @@ def _predict(config: Config, input_dir: Path, out: Path, bundle: dict[str, Any],
         patient_id_type="",
         shards=n_shards(input_dir, config.shards, config.shard_rows),
         trained_format=str(bundle.get("etl_settings", {}).get("etl", {}).get("format", "")),
+        match_codes=tuple(dict.fromkeys(config.match_codes)),
     )
     log.info("predict: %s engine, %d shard(s), layout %s", config.engine, job.shards, config.layout)
     note = format_note(job)
@@ -350,12 +361,12 @@ def _predict_local(job: Job, config: Config, model: BehrtForMultiLabel, sink: Ca
     tally = Tally()
     src = ShardSource.open(Path(job.input_dir), job.etl)
     with ThreadPoolExecutor(max_workers=1) as pool, ThreadPoolExecutor(max_workers=1) as writer:
-        pending: Future[Prepared] = pool.submit(prepare_shard, src, job.vocab, 0, job.shards)
+        pending: Future[Prepared] = pool.submit(prepare_shard, src, job.vocab, 0, job.shards, job.match_codes)
         written: Future[None] | None = None
         for shard in tqdm(range(job.shards), desc="predict: shards", disable=not config.progress or job.shards == 1):
             prepared = pending.result()
             if shard + 1 < job.shards:
-                pending = pool.submit(prepare_shard, src, job.vocab, shard + 1, job.shards)
+                pending = pool.submit(prepare_shard, src, job.vocab, shard + 1, job.shards, job.match_codes)
             probs = scorer.score(prepared.seqs)  # (N, L)
             job.patient_id_type = job.patient_id_type or prepared.patient_id_type  # one schema for every shard
             if written is not None:
@@ -370,6 +381,7 @@ def _predict_local(job: Job, config: Config, model: BehrtForMultiLabel, sink: Ca
                 prepared.code_events,
                 prepared.rows,
                 prepared.truncation,
+                prepared.matched_codes,
             )
             del prepared, probs, patients
         if written is not None:
@@ -394,6 +406,50 @@ def _collect(job: Job, config: Config, model: BehrtForMultiLabel, out: Path) -> 
     if table is None:
         table = predictions_schema(job.patient_id_type or "string").empty_table()
     return table, tally
+
+
+def _code_matching(tally: Tally, job: Job) -> dict[str, Any]:
+    """The summary's account of ``match_codes``: what it respelled, and the unknown code events that more
+    remedies would match (:func:`~behrt_rope.scoring.code_match.would_match`)."""
+    matcher = Matcher(job.vocab["token"], job.match_codes)
+    return {
+        MATCH_SETTING: list(job.match_codes),
+        "matched_code_events": sum(tally.matched_codes.values()),
+        "matched_codes_top": {f"{t} -> {matcher(t)}": n for t, n in tally.matched_codes.most_common(20)},
+        "unknown_would_match": would_match(tally.unknown_codes, job.vocab["token"], job.match_codes),
+    }
+
+
+def _warn_unknown(tally: Tally, job: Job, matchable: dict[str, int]) -> None:
+    """Warn when most code events have codes the model never saw, or when a ``match_codes`` setting would
+    match some of them; each warning names the setting and, when they differ, both formats."""
+    unknown = sum(tally.unknown_codes.values())
+    hint = _match_hint(tally, job, matchable)
+    if tally.code_events and unknown > UNKNOWN_WARNING_SHARE * tally.code_events:
+        log.warning(
+            "predict: %.0f%% of code events have codes the model never saw (most frequent: %s; the model's "
+            "codes look like %s); %s%s",
+            100 * unknown / tally.code_events,
+            ", ".join(t for t, _ in tally.unknown_codes.most_common(3)),
+            ", ".join(job.labels[:3]),
+            hint or "are the reader settings (etl.*) naming codes the way training did?",
+            f" ({format_note(job)})" if format_note(job) else "",
+        )
+    elif hint:
+        log.warning("predict: %s", hint)
+
+
+def _match_hint(tally: Tally, job: Job, matchable: dict[str, int]) -> str:
+    """How many unknown code events the best ``match_codes`` setting would match, with an example ('' for none)."""
+    if not matchable:
+        return ""
+    setting, events = max(matchable.items(), key=lambda item: item[1])
+    matcher = Matcher(job.vocab["token"], setting.split(","))
+    example = next(t for t, _ in tally.unknown_codes.most_common() if matcher(t) is not None)
+    return (
+        f"{events} of the {sum(tally.unknown_codes.values())} unknown code events would match the model's codes "
+        f"with {MATCH_SETTING}={setting} ({example} -> {matcher(example)}); rerun with it to use them"
+    )
 
 
 def _require_scored(tally: Tally, out: Path) -> None:
@@ -444,6 +500,7 @@ def _write_sidecars(out: Path, config: Config, tally: Tally, job: Job, seconds: 
         "unknown_distinct_codes": len(tally.unknown_codes),
         "unknown_codes_top": dict(tally.unknown_codes.most_common(20)),
         "code_events": tally.code_events,
+        **_code_matching(tally, job),
         "rows_quarantined": dict(Counter(quarantine[S.REASON])) if len(quarantine) else {},
         "input_rows": tally.input_rows(),
         "truncation": {"max_seq_len": etl.max_seq_len, **{k: int(v) for k, v in sorted(tally.truncation.items())}},
@@ -455,15 +512,7 @@ def _write_sidecars(out: Path, config: Config, tally: Tally, job: Job, seconds: 
         "seconds": round(seconds, 3),
     }
     write_json(Path(f"{stem}.summary.json"), summary)
-    if tally.code_events and unknown_events > UNKNOWN_WARNING_SHARE * tally.code_events:
-        log.warning(
-            "predict: %.0f%% of code events have codes the model never saw (most frequent: %s; the model's "
-            "codes look like %s); are the reader settings (etl.*) naming codes the way training did?%s",
-            100 * unknown_events / tally.code_events,
-            ", ".join(t for t, _ in tally.unknown_codes.most_common(3)),
-            ", ".join(labels[:3]),
-            f" ({format_note(job)})" if format_note(job) else "",
-        )
+    _warn_unknown(tally, job, summary["unknown_would_match"])
     log.info(
         "predict: %d patients scored, %d not scored (%s), %d events with codes unseen in training (%d codes)",
         summary["patients_scored"],

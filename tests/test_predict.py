@@ -284,6 +284,10 @@ def _meds_copy(raw, folder, n=20):
     events = pd.read_csv(raw / "events.csv", dtype=str)
     number = {pid: i for i, pid in enumerate(patients[S.PATIENT_ID])}
     rows = [(number[p], b, "MEDS_BIRTH") for p, b in zip(patients[S.PATIENT_ID], patients[S.BIRTH_DATE])]
+    rows += [
+        (number[p], b, f"GENDER//{x}")
+        for p, b, x in zip(patients[S.PATIENT_ID], patients[S.BIRTH_DATE], patients[S.SEX])
+    ]
     events = events[events[S.PATIENT_ID].isin(number)]
     rows += [(number[p], d, f"ICD10CM/{c}") for p, d, c in zip(events[S.PATIENT_ID], events[S.DATE], events[S.CODE])]
     return write_meds(folder, rows)
@@ -309,3 +313,59 @@ def test_a_format_other_than_the_model_s_is_named_in_the_error_the_warning_and_t
     same = tmp_path / "c.parquet"
     predict(_few_patients(raw, tmp_path / "visits"), model_dir, same, "--format", "visits")
     assert summary(same)["format_differs"] is False
+
+
+def _by_patient(predictions, ids=None):
+    """Probabilities (patients, label codes), rows in patient order; ``ids`` renames the patients first."""
+    frame = predictions.assign(**({S.PATIENT_ID: predictions[S.PATIENT_ID].map(ids)} if ids else {}))
+    return frame.pivot(index=S.PATIENT_ID, columns=S.CODE, values=S.PROBABILITY).sort_index()
+
+
+@pytest.mark.slow
+def test_codes_named_with_a_vocabulary_prefix_the_model_lacks_are_reported_and_matched_on_request(
+    model, tmp_path, caplog
+):
+    """A model trained on bare visits codes (E119) sees MEDS codes as ICD10CM/E119: every code is unknown. The
+    summary and the warning say that match_codes=vocabulary_prefix would match them; with it, the MEDS copy
+    scores as the visits original does."""
+    raw, model_dir = model
+    meds = _meds_copy(raw, tmp_path / "meds")
+    plain = predict(meds, model_dir, tmp_path / "plain.parquet", "--format", "meds", "precision=fp32")
+    got = summary(tmp_path / "plain.parquet")
+    assert got["unknown_code_events"] == got["code_events"] > 0
+    assert got["unknown_would_match"] == {"vocabulary_prefix": got["code_events"]}
+    warned = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert "would match the model's codes with match_codes=vocabulary_prefix (ICD10CM/" in warned
+    out = tmp_path / "matched.parquet"
+    matched = predict(meds, model_dir, out, "--format", "meds", "precision=fp32", "match_codes=vocabulary_prefix")
+    got = summary(out)
+    assert (got["unknown_code_events"], got["matched_code_events"]) == (0, got["code_events"])
+    assert got["match_codes"] == ["vocabulary_prefix"] and got["unknown_would_match"] == {}
+    assert all(key.startswith("ICD10CM/") and " -> " in key for key in got["matched_codes_top"])
+    original = predict(_few_patients(raw, tmp_path / "visits"), model_dir, tmp_path / "v.parquet", "precision=fp32")
+    ids = dict(enumerate(sorted(original[S.PATIENT_ID].unique())))
+    np.testing.assert_allclose(_by_patient(matched, ids), _by_patient(original), atol=1e-6)
+    assert not np.allclose(_by_patient(plain, ids), _by_patient(original), atol=1e-3)
+
+
+@pytest.mark.slow
+def test_lower_case_codes_are_not_folded_unasked_but_reported_and_matched_with_match_codes_case(
+    model, tmp_path, caplog
+):
+    """Codes are case-sensitive by default (Read codes are): lower-case copies of the model's codes stay
+    unknown, but the summary counts them under unknown_would_match["case"] and the warning names
+    match_codes=case; with it, a history holding each code in both cases scores as the original."""
+    raw, model_dir = model
+    original = predict(_few_patients(raw, tmp_path / "visits"), model_dir, tmp_path / "v.parquet", "precision=fp32")
+    events = pd.read_csv(tmp_path / "visits" / "events.csv", dtype=str)
+    lower = _few_patients(raw, tmp_path / "lower", codes=str.lower)
+    plain = predict(lower, model_dir, tmp_path / "plain.parquet", "precision=fp32")
+    got = summary(tmp_path / "plain.parquet")
+    assert got["unknown_would_match"] == {"case": got["unknown_code_events"]} and got["unknown_code_events"] > 0
+    assert "with match_codes=case" in " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert not np.allclose(_by_patient(plain), _by_patient(original), atol=1e-3)
+    both = _few_patients(raw, tmp_path / "both", codes=str.lower, extra=events.to_dict("records"))
+    matched = predict(both, model_dir, tmp_path / "matched.parquet", "precision=fp32", "match_codes=case")
+    got = summary(tmp_path / "matched.parquet")
+    assert got["unknown_code_events"] == 0 and got["matched_code_events"] == got["code_events"] // 2
+    np.testing.assert_allclose(_by_patient(matched), _by_patient(original), atol=1e-6)

@@ -57,11 +57,12 @@ class ShardScorer:
             "quarantine": [],
             "rows": [],
             "truncation": [],
+            "matched": [],
         }
         for shard in batch["shard"].tolist():
             if self.source is None:
                 self.source = ShardSource.open(Path(self.job.input_dir), self.job.etl)
-            prepared = prepare_shard(self.source, self.job.vocab, shard, self.job.shards)
+            prepared = prepare_shard(self.source, self.job.vocab, shard, self.job.shards, self.job.match_codes)
             table = score_prepared(self.job, prepared, self.scorer)
             pq.write_table(table, Path(self.job.out_dir) / f"part-{shard:05d}.parquet")
             out["shard"].append(shard)
@@ -73,6 +74,7 @@ class ShardScorer:
             out["quarantine"].append(_to_parquet(quarantine))
             out["rows"].append(json.dumps(prepared.rows))
             out["truncation"].append(json.dumps(prepared.truncation))
+            out["matched"].append(json.dumps(prepared.matched_codes))
         return out
 
 
@@ -116,6 +118,7 @@ def predict_on_ray(job: Job, config: Config, parts_dir: Path) -> Tally:
             int(row["code_events"]),
             {table: Counter(c) for table, c in json.loads(row["rows"]).items()},
             Counter(json.loads(row["truncation"])),
+            Counter(json.loads(row["matched"])),
         )
     return tally
 

@@ -23,6 +23,7 @@ from behrt_rope.etl.io import TABLE_SUFFIXES
 from behrt_rope.etl.readers import ShardSource
 from behrt_rope.etl.runner import process_shard
 from behrt_rope.etl.tokenize import to_token_table
+from behrt_rope.scoring.code_match import Matcher, Remedy, respell
 
 CSV_BYTES_PER_ROW = 32  # a synthetic visits-format event row is about 35 bytes; gzip about 4x smaller
 
@@ -33,8 +34,9 @@ class Prepared:
 
     seqs: Sequences
     unscored: pd.DataFrame  # PATIENT_ID, REASON
-    unknown_codes: Counter[str]
+    unknown_codes: Counter[str]  # after match_codes
     code_events: int  # code tokens of the scored histories, known or not
+    matched_codes: Counter[str]  # code tokens match_codes respelled onto the vocabulary, by input token
     quarantine: pd.DataFrame
     patient_id_type: str
     rows: dict[str, Counter[str]]  # per input file: rows, used, quarantined, duplicates_dropped, filtered
@@ -65,22 +67,31 @@ def n_shards(input_dir: Path, shards: int, shard_rows: int) -> int:
     return max(1, -(-estimate_rows(input_dir) // shard_rows))
 
 
-def prepare_shard(src: ShardSource, vocab: pd.DataFrame, shard: int, shards: int) -> Prepared:
+def prepare_shard(
+    src: ShardSource, vocab: pd.DataFrame, shard: int, shards: int, match_codes: tuple[Remedy, ...] = ()
+) -> Prepared:
     """Read, clean and tokenise patient shard ``shard`` of ``shards`` with the model's settings and vocabulary.
 
-    ``vocab``: ``token_id``, ``token``. Codes outside it become [UNK] and are counted in ``unknown_codes``.
+    ``vocab``: ``token_id``, ``token``. Codes outside it are respelled onto it by the ``match_codes``
+    remedies (:mod:`~behrt_rope.scoring.code_match`) where they can be, else become [UNK] and are counted
+    in ``unknown_codes``.
     """
     etl = src.etl
     raw = src.read(shard, shards)
     result = process_shard(raw, etl)
     structured = result.structured
+    code_events = len(structured.codes)
+    matched: Counter[str] = Counter()
+    if match_codes:
+        structured.codes, matched = _respelled(structured.codes, Matcher(vocab["token"], match_codes))
     tokens = structured.codes["token"]
     table = to_token_table(structured, vocab, np.full(len(structured.patients), "", dtype=object))
     return Prepared(
         seqs=from_table(table),
         unscored=_unscored(raw.patients, raw.events, structured.patients, result.quarantine),
         unknown_codes=unknown_codes(tokens, vocab["token"]),
-        code_events=len(tokens),
+        code_events=code_events,
+        matched_codes=matched,
         quarantine=result.quarantine,
         patient_id_type=raw.patient_id_type,
         rows=result.counts,
@@ -88,6 +99,16 @@ def prepare_shard(src: ShardSource, vocab: pd.DataFrame, shard: int, shards: int
             patients_truncated=structured.truncated_patients, events_dropped=structured.truncated_events
         ),
     )
+
+
+def _respelled(codes: pd.DataFrame, matcher: Matcher) -> tuple[pd.DataFrame, Counter[str]]:
+    """A shard's code rows (``visit``, ``token``) respelled by ``matcher``, a token that a visit then holds
+    twice kept once (as the ETL merges a code recorded twice in a visit); and the respelled tokens' counts."""
+    tokens, matched = respell(codes["token"].array, matcher)
+    if not matched:
+        return codes, matched
+    codes = codes.assign(token=tokens).drop_duplicates(["visit", "token"], ignore_index=True)
+    return codes, matched
 
 
 def unknown_codes(tokens: pd.Series, known: pd.Series) -> Counter[str]:
