@@ -90,6 +90,7 @@ COMMANDS: dict[str, Command] = {
             Flag("--input", "input", "directory with the raw tables", required=True),
             Flag("--format", "format", "input layout", choices=_FORMATS),
             Flag("--out", "out", "predictions Parquet file", required=True),
+            Flag("--as-of", "as_of", "last day of history used (ISO date; default: today)"),
         ),
     ),
     "evaluate": Command(

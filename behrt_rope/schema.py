@@ -100,6 +100,8 @@ class Reason:
     MISSING_BIRTH: Final = "missing_birth"  # MEDS: the subject has events but no MEDS_BIRTH event
     NO_MATCHING_CONCEPT: Final = "no_matching_concept"  # OMOP: condition_concept_id 0
     UNKNOWN_CONCEPT: Final = "concept_not_in_concept_table"  # OMOP: a concept id the concept table lacks
+    # set by predict in the REASON column, checked after the row's own checks
+    AFTER_AS_OF: Final = "event_after_as_of"  # dated after predict's as_of day (by default the day it runs)
 
 
 # ---------------------------------------------------------------------------------------------------------

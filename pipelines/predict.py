@@ -15,6 +15,7 @@ only once every file beside it is complete; a second run writing the same ``OUT`
 
 from __future__ import annotations
 
+import datetime
 import logging
 import tempfile
 import time
@@ -80,6 +81,11 @@ class Config:
     """Respell codes the model never saw onto its vocabulary: vocabulary_prefix strips or adds a VOCABULARY/ prefix
     (ICD10CM/E119 <-> E119), case matches regardless of case (e119 -> E119); a spelling that two of the model's
     codes share matches neither. Empty: codes are read as given, and the summary counts what each would match."""
+    as_of: str = ""
+    """Last calendar day of history used (ISO date, e.g. 2024-06-30): events dated after it are set aside (reason
+    event_after_as_of), so each patient is scored as of their last event up to it. Empty: the day predict runs,
+    so that a wrongly future-dated event never becomes the prediction time; a patient whose events all lie after
+    that day (a record date-shifted into the future, as MIMIC's are) keeps them."""
     etl: Any = None
     """Reader settings, the same keys as `behrt-rope etl` (etl.meds.*, etl.omop.*, ...), applied over the
     model's saved ETL settings: e.g. etl.omop.vocabulary=SNOMED to score OMOP without a concept table."""
@@ -105,6 +111,20 @@ class Config:
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.batch_tokens < 1 or self.shard_rows < 1 or self.shards < 0:
             raise ValueError("batch_size, batch_tokens and shard_rows must be >= 1, shards >= 0")
+        if self.as_of:
+            as_of_day(self.as_of)
+
+
+def as_of_day(text: str) -> str:
+    """``text`` as an ISO calendar day; anything else stops with an example.
+
+    >>> as_of_day(" 2024-06-30 ")
+    '2024-06-30'
+    """
+    try:
+        return datetime.date.fromisoformat(text.strip()).isoformat()
+    except ValueError:
+        raise ValueError(f"as_of must be an ISO date such as 2024-06-30, got {text!r}") from None
 
 
 @dataclass
@@ -163,7 +183,13 @@ class Job:
     shards: int
     trained_format: str = ""  # the input format of the model's own ETL; '' when its bundle does not say
     match_codes: tuple[Remedy, ...] = ()
+    as_of: str = ""  # ISO day: events dated after it are set aside; '' for none
+    as_of_given: bool = False  # False: as_of is the run date, and records wholly after it are kept
     out_dir: str = ""  # engine=ray: the folder the actors write their parts into
+
+    def reading(self) -> tuple[tuple[Remedy, ...], str, bool]:
+        """The arguments of :func:`prepare_shard` after the shard: match_codes, as_of, keep_future_records."""
+        return self.match_codes, self.as_of, not self.as_of_given
 
 
 def run(config: Config) -> Path:
@@ -238,6 +264,8 @@ def _predict(config: Config, input_dir: Path, out: Path, bundle: dict[str, Any],
         shards=n_shards(input_dir, config.shards, config.shard_rows),
         trained_format=str(bundle.get("etl_settings", {}).get("etl", {}).get("format", "")),
         match_codes=tuple(dict.fromkeys(config.match_codes)),
+        as_of=as_of_day(config.as_of) if config.as_of else datetime.date.today().isoformat(),
+        as_of_given=bool(config.as_of),
     )
     log.info("predict: %s engine, %d shard(s), layout %s", config.engine, job.shards, config.layout)
     note = format_note(job)
@@ -361,12 +389,12 @@ def _predict_local(job: Job, config: Config, model: BehrtForMultiLabel, sink: Ca
     tally = Tally()
     src = ShardSource.open(Path(job.input_dir), job.etl)
     with ThreadPoolExecutor(max_workers=1) as pool, ThreadPoolExecutor(max_workers=1) as writer:
-        pending: Future[Prepared] = pool.submit(prepare_shard, src, job.vocab, 0, job.shards, job.match_codes)
+        pending: Future[Prepared] = pool.submit(prepare_shard, src, job.vocab, 0, job.shards, *job.reading())
         written: Future[None] | None = None
         for shard in tqdm(range(job.shards), desc="predict: shards", disable=not config.progress or job.shards == 1):
             prepared = pending.result()
             if shard + 1 < job.shards:
-                pending = pool.submit(prepare_shard, src, job.vocab, shard + 1, job.shards, job.match_codes)
+                pending = pool.submit(prepare_shard, src, job.vocab, shard + 1, job.shards, *job.reading())
             probs = scorer.score(prepared.seqs)  # (N, L)
             job.patient_id_type = job.patient_id_type or prepared.patient_id_type  # one schema for every shard
             if written is not None:
@@ -490,6 +518,7 @@ def _write_sidecars(out: Path, config: Config, tally: Tally, job: Job, seconds: 
     config_lib.save(config, f"{stem}.config.yaml")
     etl, labels = job.etl, job.labels
     unknown_events = sum(tally.unknown_codes.values())
+    reasons = dict(Counter(quarantine[S.REASON])) if len(quarantine) else {}
     summary = {
         "predictions": str(out),
         "patients_scored": tally.patients_scored,
@@ -501,7 +530,10 @@ def _write_sidecars(out: Path, config: Config, tally: Tally, job: Job, seconds: 
         "unknown_codes_top": dict(tally.unknown_codes.most_common(20)),
         "code_events": tally.code_events,
         **_code_matching(tally, job),
-        "rows_quarantined": dict(Counter(quarantine[S.REASON])) if len(quarantine) else {},
+        "rows_quarantined": reasons,
+        "as_of": job.as_of,
+        "as_of_source": "given" if job.as_of_given else "run date",
+        "events_after_as_of": reasons.get(S.Reason.AFTER_AS_OF, 0),
         "input_rows": tally.input_rows(),
         "truncation": {"max_seq_len": etl.max_seq_len, **{k: int(v) for k, v in sorted(tally.truncation.items())}},
         "input_format": etl.format,
@@ -513,6 +545,14 @@ def _write_sidecars(out: Path, config: Config, tally: Tally, job: Job, seconds: 
     }
     write_json(Path(f"{stem}.summary.json"), summary)
     _warn_unknown(tally, job, summary["unknown_would_match"])
+    if summary["events_after_as_of"]:
+        log.warning(
+            "predict: %d event(s) dated after %s (as_of) set aside, reason %s in %s.quarantine.parquet",
+            summary["events_after_as_of"],
+            job.as_of,
+            S.Reason.AFTER_AS_OF,
+            stem.name,
+        )
     log.info(
         "predict: %d patients scored, %d not scored (%s), %d events with codes unseen in training (%d codes)",
         summary["patients_scored"],

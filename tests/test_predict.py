@@ -369,3 +369,50 @@ def test_lower_case_codes_are_not_folded_unasked_but_reported_and_matched_with_m
     got = summary(tmp_path / "matched.parquet")
     assert got["unknown_code_events"] == 0 and got["matched_code_events"] == got["code_events"] // 2
     np.testing.assert_allclose(_by_patient(matched), _by_patient(original), atol=1e-6)
+
+
+@pytest.mark.slow
+def test_events_after_the_as_of_day_are_set_aside_counted_and_never_become_the_prediction_time(model, tmp_path, capsys):
+    """An event dated in the future (2099 in a record of the 2010s) used to become the patient's prediction time.
+    By default events after the run date are quarantined (event_after_as_of) and the summary still reconciles;
+    a record wholly in the future (date-shifted, as MIMIC's) is kept. --as-of cuts every history at a day."""
+    raw, model_dir = model
+    original = predict(_few_patients(raw, tmp_path / "visits"), model_dir, tmp_path / "v.parquet", "precision=fp32")
+    events = pd.read_csv(tmp_path / "visits" / "events.csv", dtype=str)
+    first = events[S.PATIENT_ID].iloc[0]
+    typo = {S.PATIENT_ID: first, S.DATE: "2099-01-01", S.CODE: events[S.CODE].iloc[0], "visit_id": "typo"}
+    shifted = _few_patients(raw, tmp_path / "typo", extra=[typo])
+    out = tmp_path / "typo.parquet"
+    got_typo = predict(shifted, model_dir, out, "precision=fp32")
+    pd.testing.assert_frame_equal(got_typo, original)
+    got = summary(out)
+    assert got["events_after_as_of"] == 1 and got["as_of_source"] == "run date"
+    assert got["rows_quarantined"] == {"event_after_as_of": 1} and got["input_rows"]["events.csv"]["reconciles"]
+    assert got["input_rows"]["events.csv"]["quarantined"] == 1
+
+    patients = pd.read_csv(tmp_path / "visits" / "patients.csv", dtype=str)
+    future = patients[S.PATIENT_ID] == first  # the whole record 150 years on, birth included
+
+    def plus(dates: pd.Series) -> pd.Series:
+        return (pd.to_datetime(dates) + pd.DateOffset(years=150)).dt.strftime("%Y-%m-%d")
+
+    patients.loc[future, S.BIRTH_DATE] = plus(patients.loc[future, S.BIRTH_DATE])
+    mine = events[S.PATIENT_ID] == first
+    events.loc[mine, S.DATE] = plus(events.loc[mine, S.DATE])
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    patients.to_csv(whole / "patients.csv", index=False)
+    events.to_csv(whole / "events.csv", index=False)
+    kept = predict(whole, model_dir, tmp_path / "whole.parquet", "precision=fp32")
+    assert summary(tmp_path / "whole.parquet")["events_after_as_of"] == 0
+    assert kept[kept[S.PATIENT_ID] == first][S.PREDICTION_TIME].min().year > 2150
+
+    cut = predict(_few_patients(raw, tmp_path / "cut"), model_dir, tmp_path / "cut.parquet", "--as-of", "2016-06-30")
+    got = summary(tmp_path / "cut.parquet")
+    late = pd.to_datetime(pd.read_csv(tmp_path / "cut" / "events.csv")[S.DATE]) > "2016-06-30"
+    assert got["as_of"] == "2016-06-30" and got["events_after_as_of"] == late.sum() > 0
+    assert cut[S.PREDICTION_TIME].max() <= pd.Timestamp("2016-06-30") and got["input_rows"]["events.csv"]["reconciles"]
+    assert set(got["not_scored_reasons"]) <= {"event_after_as_of"}
+    argv = ["predict", "--model", str(model_dir), "--input", str(raw), "--out", str(tmp_path / "x.parquet")]
+    assert main([*argv, "--as-of", "30/06/2016"]) == 1
+    assert "as_of must be an ISO date such as 2024-06-30, got '30/06/2016'" in error_line(capsys.readouterr().err)

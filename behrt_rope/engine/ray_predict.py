@@ -62,7 +62,7 @@ class ShardScorer:
         for shard in batch["shard"].tolist():
             if self.source is None:
                 self.source = ShardSource.open(Path(self.job.input_dir), self.job.etl)
-            prepared = prepare_shard(self.source, self.job.vocab, shard, self.job.shards, self.job.match_codes)
+            prepared = prepare_shard(self.source, self.job.vocab, shard, self.job.shards, *self.job.reading())
             table = score_prepared(self.job, prepared, self.scorer)
             pq.write_table(table, Path(self.job.out_dir) / f"part-{shard:05d}.parquet")
             out["shard"].append(shard)

@@ -158,6 +158,7 @@ _READER_REASONS = (
     Reason.NO_MATCHING_CONCEPT,
     Reason.UNKNOWN_CONCEPT,
 )  # set by readers in the REASON column
+_CUT_REASONS = (Reason.AFTER_AS_OF,)  # set by predict in the REASON column; a row's own faults come first
 _EVENT_REASONS = (
     *_READER_REASONS,
     Reason.MISSING_PATIENT_ID,
@@ -167,6 +168,7 @@ _EVENT_REASONS = (
     Reason.EMPTY_CODE,
     Reason.BEFORE_BIRTH,
     Reason.AFTER_DEATH,
+    *_CUT_REASONS,
     Reason.DUPLICATE,
 )
 
@@ -194,6 +196,7 @@ def _event_reason_index(
             (codes.code_uniques == "")[codes.code],
             day < birth[where],
             day > death[where],  # comparisons with NaT are False
+            *(np.zeros(len(events), bool) if given is None else given == r for r in _CUT_REASONS),
         ],
         len(events),
     )

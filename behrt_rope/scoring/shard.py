@@ -68,16 +68,26 @@ def n_shards(input_dir: Path, shards: int, shard_rows: int) -> int:
 
 
 def prepare_shard(
-    src: ShardSource, vocab: pd.DataFrame, shard: int, shards: int, match_codes: tuple[Remedy, ...] = ()
+    src: ShardSource,
+    vocab: pd.DataFrame,
+    shard: int,
+    shards: int,
+    match_codes: tuple[Remedy, ...] = (),
+    as_of: str = "",
+    keep_future_records: bool = False,
 ) -> Prepared:
     """Read, clean and tokenise patient shard ``shard`` of ``shards`` with the model's settings and vocabulary.
 
     ``vocab``: ``token_id``, ``token``. Codes outside it are respelled onto it by the ``match_codes``
     remedies (:mod:`~behrt_rope.scoring.code_match`) where they can be, else become [UNK] and are counted
-    in ``unknown_codes``.
+    in ``unknown_codes``. Events dated after the ISO day ``as_of`` (when given) are quarantined with reason
+    ``event_after_as_of``, so each history ends at it (with ``keep_future_records``, not those of a patient
+    with no event on or before it: :func:`set_aside_after`).
     """
     etl = src.etl
     raw = src.read(shard, shards)
+    if as_of:
+        raw.events = set_aside_after(raw.events, as_of, keep_future_records)
     result = process_shard(raw, etl)
     structured = result.structured
     code_events = len(structured.codes)
@@ -99,6 +109,33 @@ def prepare_shard(
             patients_truncated=structured.truncated_patients, events_dropped=structured.truncated_events
         ),
     )
+
+
+def set_aside_after(events: pd.DataFrame, as_of: str, keep_future_records: bool = False) -> pd.DataFrame:
+    """Canonical ``events`` with those dated after the calendar day ``as_of`` given reason AFTER_AS_OF where
+    the reader gave none (the cleaning then quarantines them unless a fault of their own comes first).
+
+    ``keep_future_records``: a patient none of whose events is dated on or before ``as_of`` keeps them all (a
+    record date-shifted into the future, as MIMIC's are, rather than a wrong date in a record of the past).
+
+    >>> days = ["2024-06-30T23", "2099-01-01", None, "2150-01-01"]
+    >>> e = pd.DataFrame({S.PATIENT_ID: ["a", "a", "a", "b"], S.TIME: pd.to_datetime(days, format="ISO8601")})
+    >>> set_aside_after(e, "2024-06-30")[S.REASON].tolist()
+    ['', 'event_after_as_of', '', 'event_after_as_of']
+    >>> set_aside_after(e, "2024-06-30", keep_future_records=True)[S.REASON].tolist()
+    ['', 'event_after_as_of', '', '']
+    """
+    day = events[S.TIME].to_numpy(dtype="datetime64[us]").astype("datetime64[D]")
+    late = day > np.datetime64(as_of, "D")  # NaT compares False
+    if keep_future_records and late.any():
+        patient, ids = factorize_text(events[S.PATIENT_ID], sort=False)
+        has_past = np.zeros(len(ids), dtype=bool)
+        has_past[patient[~late & ~np.isnat(day)]] = True
+        late &= has_past[patient]
+    if not late.any():
+        return events
+    given = events[S.REASON].to_numpy(dtype=object) if S.REASON in events.columns else np.full(len(events), "", object)
+    return events.assign(**{S.REASON: np.where(late & (given == ""), S.Reason.AFTER_AS_OF, given).astype(object)})
 
 
 def _respelled(codes: pd.DataFrame, matcher: Matcher) -> tuple[pd.DataFrame, Counter[str]]:
