@@ -89,6 +89,11 @@ class Config:
     """With model.sparse_time, the path's weight in the model's logit (the deep part has 1 minus it); null:
     the one of ``training.sparse_time_fit.SHARE_GRID`` with the best tuning macro AP after training (0.5
     without a tuning split)."""
+    sparse_time_distillation: float = 0.0
+    """With model.sparse_time, the weight of the path's probabilities as soft targets in the deep part's loss:
+    ``(1 - w) x BCE(labels) + w x BCE(path's probabilities)`` (knowledge distillation). The deep part still
+    reads only the tokens and their times; the frozen path only shapes what it is trained towards. 0: labels
+    alone."""
     sparse_time_max_samples: int = 50_000
     """With model.sparse_time, fit the path on at most this many train samples (a seeded subsample), to bound
     its time and memory (its features take 24 bytes per sample and label); the deep part trains on all of
@@ -181,7 +186,15 @@ def run(config: Config) -> Path:
             ).tolist()
 
         def new_task() -> MultiLabelTask:
-            return MultiLabelTask(model_config, tc, len(label_ids), config.pooling, pos_weight, label_ids.tolist())
+            return MultiLabelTask(
+                model_config,
+                tc,
+                len(label_ids),
+                config.pooling,
+                pos_weight,
+                label_ids.tolist(),
+                path_distillation=config.sparse_time_distillation,
+            )
 
         task = new_task()
         if pretrained_state is not None:

@@ -24,11 +24,13 @@ from behrt_rope.evaluation.sparse_time import (
 )
 from behrt_rope.evaluation.time_features import time_features
 from behrt_rope.model.config import ModelConfig
-from behrt_rope.model.heads import BehrtForMultiLabel
+from behrt_rope.model.heads import BehrtForMultiLabel, multilabel_loss
 from behrt_rope.model.sparse_time_path import SparseTimePath, shared_columns
 from behrt_rope.training.bundle import ADDED_LATER
+from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.inference import _sample_ids, score, score_parts
 from behrt_rope.training.sparse_time_fit import fit_path
+from behrt_rope.training.tasks import MultiLabelTask
 from tests.conftest import write_visits
 
 # Gaps that sit exactly on the bin edges (days since: 30, 90, 365, 1,095; first record: 2,922 days = 8
@@ -206,3 +208,51 @@ def test_scoring_several_parts_in_one_pass_equals_scoring_each_and_runs_the_enco
     assert not np.allclose(both["model"], both["deep"])
     with pytest.raises(ValueError, match="part must be one of"):
         score_parts(model, seqs, parts=("wide",))  # type: ignore[arg-type]
+
+
+def _distilling_task(tmp_path, weight: float, sparse_time: bool = True):
+    """A tiny task whose path is fitted (when there is one), and one training batch of the cohort."""
+    seqs, samples, label_ids, label_of_token = _cohort(tmp_path, n_patients=60, seed=2)
+    config = ModelConfig(vocab_size=int(label_ids.max()) + 2, hidden_size=16, num_heads=2, intermediate_size=16)
+    config.sparse_time = sparse_time
+    task = MultiLabelTask(
+        config, TrainerConfig(), len(label_ids), label_token_ids=label_ids.tolist(), path_distillation=weight
+    )
+    y = targets(seqs, samples, label_of_token)
+    if sparse_time:
+        fit_path(task.model, seqs, samples, label_of_token, y, 1.0, False)
+    dataset, collate = labelled_dataset(seqs, samples.rows, samples.cuts, samples.label_spans, label_of_token, "visit")
+    return task, collate([dataset[i] for i in range(len(dataset))])
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")
+def test_path_distillation_trains_the_deep_part_towards_the_paths_probabilities(tmp_path):
+    task, batch = _distilling_task(tmp_path, 0.25)
+    task.train(False)  # no dropout: the same logits in both passes
+    torch.manual_seed(0)
+    for weight in task.model.parameters():  # a deep part that says something (fresh votes start at zero)
+        weight.data.normal_(0.0, 0.3)
+    with torch.no_grad():
+        deep = task.model.deep_logits(**model_inputs(batch), score_at=batch["score_at"])
+        path = task.model.path_logits(**_path_args(batch))
+        loss = task.training_step(batch, 0)
+    assert path.abs().max() > 0.1  # the fitted path is not silent, so the two terms differ
+    labels = torch.nn.functional.binary_cross_entropy_with_logits(deep, batch["targets"].float())
+    soft = torch.nn.functional.binary_cross_entropy_with_logits(deep, torch.sigmoid(path))
+    assert float(loss) == pytest.approx(float(0.75 * labels + 0.25 * soft), rel=1e-5)
+    assert abs(float(soft) - float(labels)) > 1e-3  # far above the tolerance above: the weights are checked
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")
+def test_path_distillation_is_off_without_a_path_and_checked(tmp_path):
+    task, batch = _distilling_task(tmp_path, 0.5, sparse_time=False)
+    assert task.path_distillation == 0.0  # nothing to distil: the labels alone
+    task.train(False)
+    with torch.no_grad():
+        deep = task.model.deep_logits(**model_inputs(batch), score_at=batch["score_at"])
+        loss = task.training_step(batch, 0)
+    assert float(loss) == pytest.approx(float(multilabel_loss(deep, batch["targets"])), rel=1e-6)
+    with pytest.raises(ValueError, match=r"path_distillation must lie in \[0, 1\], got 1.5"):
+        MultiLabelTask(
+            ModelConfig(vocab_size=12, hidden_size=16, num_heads=2), TrainerConfig(), 3, path_distillation=1.5
+        )

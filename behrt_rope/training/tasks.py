@@ -150,9 +150,14 @@ class MultiLabelTask(_Task):
         pooling: str = "visit",
         pos_weight: list[float] | None = None,
         label_token_ids: list[int] | None = None,
+        path_distillation: float = 0.0,
     ) -> None:
         super().__init__(model_config, trainer_config)
         self.model = BehrtForMultiLabel(model_config, num_labels, pooling, label_token_ids)  # type: ignore[arg-type]
+        if not 0.0 <= path_distillation <= 1.0:
+            raise ValueError(f"path_distillation must lie in [0, 1], got {path_distillation}")
+        # the path's probabilities as soft targets of the deep part; nothing to learn from without the path
+        self.path_distillation = path_distillation if self.model.sparse_time is not None else 0.0
         self.register_buffer(
             "pos_weight", torch.tensor(pos_weight, dtype=torch.float32) if pos_weight is not None else None
         )
@@ -164,8 +169,15 @@ class MultiLabelTask(_Task):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         # the trained parts learn on their own logits; the frozen sparse time path joins them at scoring
-        logits = self.model.deep_logits(**model_inputs(batch), score_at=batch.get("score_at"))
+        inputs = model_inputs(batch)
+        logits = self.model.deep_logits(**inputs, score_at=batch.get("score_at"))
         loss = multilabel_loss(logits, batch["targets"], self.pos_weight)
+        if self.path_distillation > 0:
+            with torch.no_grad():
+                path = self.model.path_logits(
+                    inputs["token_ids"], inputs["visit_index"], inputs["ages"], batch["score_at"], inputs.get("sex")
+                )
+            loss = distillation_loss(loss, logits, path, self.path_distillation)
         self._count_padding(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["token_ids"].shape[0])
         return loss
@@ -202,6 +214,22 @@ class MultiLabelTask(_Task):
 
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return torch.sigmoid(self(batch).float())
+
+
+def distillation_loss(
+    label_loss: torch.Tensor, logits: torch.Tensor, teacher: torch.Tensor, weight: float
+) -> torch.Tensor:
+    """``(1 - weight) x label_loss + weight x BCE(logits, sigmoid(teacher))``, a scalar in float32.
+
+    ``logits``, ``teacher``: ``(N, L)``, the student's and the teacher's logits; the teacher's probabilities are
+    soft targets (Hinton et al. 2015), which carry how likely each label is rather than whether it occurred.
+
+    >>> z = torch.zeros(1, 2)
+    >>> round(float(distillation_loss(torch.tensor(1.0), z, z, 0.25)), 4)  # 0.75 x 1 + 0.25 x ln 2
+    0.9233
+    """
+    soft = F.binary_cross_entropy_with_logits(logits.float(), torch.sigmoid(teacher.float()))
+    return (1.0 - weight) * label_loss + weight * soft
 
 
 def _first_rows_of_batches(keys: torch.Tensor, batches: torch.Tensor) -> torch.Tensor:
