@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pytorch_lightning as pl
@@ -38,11 +38,12 @@ from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle, save_bundle, task_state_dict
 from behrt_rope.training.checkpoints import load_task_weights
 from behrt_rope.training.config import TrainerConfig
+from behrt_rope.training.distillation_choice import best_weight, candidate_weights, deep_tuning_ap, room_for_another
 from behrt_rope.training.loaders import make_loader, padding_report
 from behrt_rope.training.soup import TopChecksSoup
 from behrt_rope.training.sparse_time_fit import fit_path, set_path_share
 from behrt_rope.training.tasks import MultiLabelTask
-from behrt_rope.training.trainer import build_trainer, resume_path, time_budget
+from behrt_rope.training.trainer import budget_left, build_trainer, resume_path, time_budget
 
 log = logging.getLogger("behrt_rope.finetune")
 MONITORS = {"loss": ("val/loss", "min"), "macro_ap": ("val/macro_ap", "max")}
@@ -89,11 +90,14 @@ class Config:
     """With model.sparse_time, the path's weight in the model's logit (the deep part has 1 minus it); null:
     the one of ``training.sparse_time_fit.SHARE_GRID`` with the best tuning macro AP after training (0.5
     without a tuning split)."""
-    sparse_time_distillation: float = 0.0
+    sparse_time_distillation: float | None = None
     """With model.sparse_time, the weight of the path's probabilities as soft targets in the deep part's loss:
     ``(1 - w) x BCE(labels) + w x BCE(path's probabilities)`` (knowledge distillation). The deep part still
     reads only the tokens and their times; the frozen path only shapes what it is trained towards. 0: labels
-    alone."""
+    alone. null: trained at 0, then at 0.8 when the time budget has room for a second training (at least the
+    first one's time left), keeping the run whose deep part alone scores the better tuning macro AP
+    (``training.distillation_choice``; ``metrics.json`` ``distillation_choice``); further runs go to
+    OUT/distillation_W."""
     sparse_time_max_samples: int = 50_000
     """With model.sparse_time, fit the path on at most this many train samples (a seeded subsample), to bound
     its time and memory (its features take 24 bytes per sample and label); the deep part trains on all of
@@ -185,18 +189,12 @@ def run(config: Config) -> Path:
                 torch.from_numpy(train.y.sum(0)), len(train.y), config.pos_weight_max
             ).tolist()
 
-        def new_task() -> MultiLabelTask:
+        def new_task(distillation: float) -> MultiLabelTask:
             return MultiLabelTask(
-                model_config,
-                tc,
-                len(label_ids),
-                config.pooling,
-                pos_weight,
-                label_ids.tolist(),
-                path_distillation=config.sparse_time_distillation,
+                model_config, tc, len(label_ids), config.pooling, pos_weight, label_ids.tolist(), distillation
             )
 
-        task = new_task()
+        task = new_task(0.0)
         if pretrained_state is not None:
             load_encoder_weights(task.model, pretrained_state)
         if task.model.sparse_time is not None:
@@ -215,24 +213,13 @@ def run(config: Config) -> Path:
                 select_c=config.sparse_time_select_c,
                 bins=config.sparse_time_bins,
             )
-        train_loader = make_loader(train.dataset, tc, train.collate, True)
-        val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
-        monitor, mode = MONITORS[config.select_by]
-        soup = _soup_callback(config, val_loader is not None, monitor, mode)
-        budget = time_budget(tc, stage_started)
-        trainer = build_trainer(
-            tc, out, monitor if val_loader is not None else None, mode, train_loader, [c for c in (soup, budget) if c]
-        )
-        started = time.perf_counter()
-        trainer.fit(task, train_loader, val_loader, ckpt_path=resume_path(config.resume, out))
-        seconds = time.perf_counter() - started
-        best = str(getattr(trainer.checkpoint_callback, "best_model_path", "") or "")
-        if best:
-            task = new_task()
-            load_task_weights(task, best)
-        soup_report: dict[str, dict] = {}
-        if soup is not None and val_loader is not None and len(soup.checks) > 1:
-            task, soup_report = _try_soup(soup, new_task, trainer, val_loader)
+        has_path = task.model.sparse_time is not None
+        weights = candidate_weights(config.sparse_time_distillation, has_path, len(tuning.y) > 0)
+        task.path_distillation = weights[0]  # the first run's weight; each further one gets a task of its own
+        runs = _train_candidates(config, weights, new_task, task, out, train, tuning, stage_started)
+        chosen, choice_report = _choose_run(runs, weights, tuning)
+        task, trainer = chosen.task, chosen.trainer
+        val_loader = chosen.val_loader
         shares = {}
         if task.model.sparse_time is not None:
             share, device = config.sparse_time_share, trainer.strategy.root_device
@@ -249,15 +236,10 @@ def run(config: Config) -> Path:
                 "tuning_samples": len(tuning.y),
                 "tuning_macro_ap": round(float(val.get("val/macro_ap", "nan")), 5),
                 "tuning_loss": round(float(val.get("val/loss", "nan")), 5),
-                "epochs": trainer.current_epoch,
-                "best_epoch": getattr(trainer.early_stopping_callback, "best_check", None),
-                "steps": trainer.global_step,
-                "train_seconds": round(seconds, 1),
+                **chosen.report,
                 "stage_seconds": round(time.monotonic() - stage_started, 1),
-                **(budget.report() if budget else {}),
-                "best_checkpoint": best,
-                **soup_report,
                 **path_report,
+                **choice_report,
                 **shares,
                 "pretrained": config.pretrained or None,
                 **padding_report(train.dataset, tc),
@@ -285,6 +267,127 @@ def run(config: Config) -> Path:
             )
             log.info("finetune: tuning macro AP %.4f over %d labels", metrics["tuning_macro_ap"], len(label_ids))
     return out_dir
+
+
+@dataclass
+class DeepRun:
+    """One training of the deep part: the task at its kept weights (best check or soup), its trainer and
+    tuning loader, and what ``metrics.json`` records of it."""
+
+    distillation: float
+    task: MultiLabelTask
+    trainer: pl.Trainer
+    val_loader: torch.utils.data.DataLoader | None
+    report: dict[str, Any]
+
+
+def _train_candidates(
+    config: Config,
+    weights: tuple[float, ...],
+    new_task: Callable[[float], MultiLabelTask],
+    first: MultiLabelTask,
+    out: Path,
+    train: SplitData,
+    tuning: SplitData,
+    stage_started: float,
+) -> list[DeepRun]:
+    """Train the deep part once per distillation weight (``training.distillation_choice``): the first in
+    ``out`` from ``first`` (encoder and path loaded), each further one in ``out/distillation_W`` from the same
+    start and seed, as long as what is left of the time budget is at least as long as the first run took."""
+    start = {k: v.detach().clone() for k, v in first.state_dict().items()}
+    runs = [_train_deep(config, first, new_task, out, train, tuning, stage_started, config.resume)]
+    for weight in weights[1:]:
+        left = budget_left(config.trainer, stage_started)
+        fits = bool(runs[0].trainer.strategy.broadcast(room_for_another(left, runs[0].report["train_seconds"]), src=0))
+        if not fits:
+            log.info(
+                "finetune: no training at sparse_time_distillation=%g: %.1f minutes of the budget left, the first "
+                "training took %.1f (trainer.max_minutes)",
+                weight,
+                (left or 0.0) / 60,
+                runs[0].report["train_seconds"] / 60,
+            )
+            break
+        pl.seed_everything(config.trainer.seed, workers=True, verbose=False)
+        task = new_task(weight)
+        task.load_state_dict(start)
+        where = out / f"distillation_{weight:g}"
+        resume = "last" if config.resume and (where / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT).exists() else ""
+        runs.append(_train_deep(config, task, new_task, where, train, tuning, stage_started, resume))
+    return runs
+
+
+def _train_deep(
+    config: Config,
+    task: MultiLabelTask,
+    new_task: Callable[[float], MultiLabelTask],
+    out: Path,
+    train: SplitData,
+    tuning: SplitData,
+    stage_started: float,
+    resume: str,
+) -> DeepRun:
+    """Train ``task``'s deep part in ``out`` (checkpoints, logs) and keep its best check or their soup."""
+    tc, weight = config.trainer, task.path_distillation
+    train_loader = make_loader(train.dataset, tc, train.collate, True)
+    val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
+    monitor, mode = MONITORS[config.select_by]
+    soup = _soup_callback(config, val_loader is not None, monitor, mode)
+    budget = time_budget(tc, stage_started)
+    trainer = build_trainer(
+        tc, out, monitor if val_loader is not None else None, mode, train_loader, [c for c in (soup, budget) if c]
+    )
+    started = time.perf_counter()
+    trainer.fit(task, train_loader, val_loader, ckpt_path=resume_path(resume, out))
+    seconds = time.perf_counter() - started
+    best = str(getattr(trainer.checkpoint_callback, "best_model_path", "") or "")
+    if best:
+        task = new_task(weight)
+        load_task_weights(task, best)
+    soup_report: dict[str, dict] = {}
+    if soup is not None and val_loader is not None and len(soup.checks) > 1:
+        task, soup_report = _try_soup(soup, lambda: new_task(weight), trainer, val_loader)
+    report = {
+        "epochs": trainer.current_epoch,
+        "best_epoch": getattr(trainer.early_stopping_callback, "best_check", None),
+        "steps": trainer.global_step,
+        "train_seconds": round(seconds, 1),
+        **(budget.report() if budget else {}),
+        "best_checkpoint": best,
+        **soup_report,
+    }
+    return DeepRun(weight, task, trainer, val_loader, report)
+
+
+def _choose_run(runs: list[DeepRun], weights: tuple[float, ...], tuning: SplitData) -> tuple[DeepRun, dict]:
+    """The run whose deep part alone scores the best tuning macro AP, and what ``metrics.json`` records of
+    the choice (nothing to choose with one weight set: its weight alone)."""
+    if len(weights) == 1:
+        return runs[0], {"sparse_time_distillation": weights[0]}
+    scores = {
+        run.distillation: round(
+            deep_tuning_ap(run.task.model, tuning.seqs, tuning.samples, tuning.y, run.trainer.strategy.root_device), 5
+        )
+        for run in runs
+    }
+    chosen = runs[[run.distillation for run in runs].index(best_weight(scores))]
+    log.info(
+        "finetune: sparse time distillation weights %s, macro AP of the deep part alone on the tuning split %s: "
+        "keeping %g",
+        [run.distillation for run in runs],
+        list(scores.values()),
+        chosen.distillation,
+    )
+    report = {
+        "sparse_time_distillation": chosen.distillation,
+        "distillation_choice": {
+            "weights_tried": [run.distillation for run in runs],
+            "weights_not_tried": list(weights[len(runs) :]),
+            "tuning_deep_macro_ap": {f"{w:g}": ap for w, ap in scores.items()},
+            "runs": {f"{run.distillation:g}": run.report for run in runs},
+        },
+    }
+    return chosen, report
 
 
 def _soup_callback(config: Config, has_tuning: bool, monitor: str, mode: str) -> TopChecksSoup | None:

@@ -14,7 +14,7 @@ from behrt_rope.errors import UserError
 from behrt_rope.training.checkpoints import load_checkpoint
 from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.trainer import weight_average
-from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, build_etl
+from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, build_etl, read_metrics
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def ema_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_saved_model_is_the_average_not_the_last_step(ema_run: Path) -> None:
-    best = load_checkpoint(ema_run / S.CHECKPOINT_DIR / S.BEST_CHECKPOINT)
+    best = load_checkpoint(Path(read_metrics(ema_run)["best_checkpoint"]))  # the kept run's (of two weights)
     averaged, current = best["state_dict"], best["current_model_state"]
     assert averaged.keys() == current.keys()
     name = "model.classifier.weight"

@@ -113,6 +113,13 @@ def time_budget(cfg: TrainerConfig, stage_started: float) -> TimeBudget | None:
     return TimeBudget(cfg.max_minutes, spent_seconds=time.monotonic() - stage_started)
 
 
+def budget_left(cfg: TrainerConfig, stage_started: float) -> float | None:
+    """Seconds left of the stage's ``max_minutes`` budget (may be negative), or None without a budget."""
+    if cfg.max_minutes <= 0:
+        return None
+    return cfg.max_minutes * 60.0 - (time.monotonic() - stage_started)
+
+
 def build_trainer(
     cfg: TrainerConfig,
     out_dir: Path,

@@ -1,0 +1,86 @@
+"""``finetune`` with ``sparse_time_distillation`` null: one training per weight, the better deep part kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from behrt_rope import schema as S
+from behrt_rope.cli import main
+from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targets
+from behrt_rope.data.sequences import load_tokens
+from behrt_rope.training.bundle import load_bundle
+from behrt_rope.training.distillation_choice import DISTILLATION_GRID, deep_tuning_ap
+from behrt_rope.training.inference import multilabel_model
+from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, build_etl, error_line, read_metrics
+
+
+@pytest.fixture(scope="module")
+def etl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_etl(tmp_path_factory.mktemp("distil"), patients=160, seed=3)
+
+
+def _finetune(etl: Path, out: Path, *overrides: str) -> int:
+    argv = ["finetune", "--data", str(etl), "--out", str(out), "--max-epochs", "1", "task.min_label_count=2"]
+    return main([*argv, *TINY_MODEL, *FAST_TRAINER, *overrides])
+
+
+def _saved_deep_part_tuning_ap(etl: Path, out: Path) -> float:
+    """Macro AP of the saved model's deep part on the tuning split, scored afresh from the saved files."""
+    bundle = load_bundle(out, "multilabel")
+    seqs = load_tokens(etl).split(S.TUNING)
+    samples = build_samples(seqs, TaskConfig(min_label_count=2))
+    y = targets(seqs, samples, label_index(bundle["label_token_ids"], len(bundle["vocab"])))
+    return round(deep_tuning_ap(multilabel_model(bundle), seqs, samples, y), 5)
+
+
+def test_by_default_both_weights_train_and_the_saved_model_is_the_better_deep_part(etl: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ft"
+    assert _finetune(etl, out) == 0
+    metrics = read_metrics(out)
+    choice = metrics["distillation_choice"]
+    scores = choice["tuning_deep_macro_ap"]
+    assert choice["weights_tried"] == list(DISTILLATION_GRID) and choice["weights_not_tried"] == []
+    assert set(scores) == {"0", "0.8"} and scores["0"] != scores["0.8"]  # two different trainings
+    chosen = max(DISTILLATION_GRID, key=lambda w: scores[f"{w:g}"])
+    assert metrics["sparse_time_distillation"] == chosen
+    assert _saved_deep_part_tuning_ap(etl, out) == pytest.approx(scores[f"{chosen:g}"], abs=2e-5)
+    second = out / "distillation_0.8" / S.CHECKPOINT_DIR / S.BEST_CHECKPOINT
+    assert second.exists()
+    assert choice["runs"]["0.8"]["best_checkpoint"] == str(second)
+    assert metrics["best_checkpoint"] == choice["runs"][f"{chosen:g}"]["best_checkpoint"]
+
+
+def test_without_room_in_the_time_budget_the_first_run_stands(
+    etl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple] = []
+
+    def no_room(left: float | None, first_seconds: float) -> bool:
+        seen.append((left, first_seconds))
+        return False
+
+    monkeypatch.setattr("pipelines.finetune.room_for_another", no_room)
+    out = tmp_path / "ft"
+    assert _finetune(etl, out) == 0
+    metrics = read_metrics(out)
+    assert metrics["sparse_time_distillation"] == 0.0
+    assert metrics["distillation_choice"]["weights_tried"] == [0.0]
+    assert metrics["distillation_choice"]["weights_not_tried"] == [0.8]
+    assert not (out / "distillation_0.8").exists()
+    ((left, first_seconds),) = seen
+    assert 0 < left <= 12 * 60 and first_seconds == metrics["train_seconds"]  # the default 12-minute budget
+
+
+def test_a_weight_that_is_set_trains_once_and_one_outside_the_unit_interval_is_refused(
+    etl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "ft"
+    assert _finetune(etl, out, "sparse_time_distillation=0") == 0
+    metrics = read_metrics(out)
+    assert metrics["sparse_time_distillation"] == 0.0 and "distillation_choice" not in metrics
+    assert not (out / "distillation_0.8").exists()
+    capsys.readouterr()
+    assert _finetune(etl, tmp_path / "bad", "sparse_time_distillation=1.5") != 0
+    assert "sparse_time_distillation must lie in [0, 1] or be null, got 1.5" in error_line(capsys.readouterr().err)
