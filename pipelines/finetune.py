@@ -38,7 +38,14 @@ from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle, save_bundle, task_state_dict
 from behrt_rope.training.checkpoints import load_task_weights
 from behrt_rope.training.config import TrainerConfig
-from behrt_rope.training.distillation_choice import best_weight, candidate_weights, deep_tuning_ap, room_for_another
+from behrt_rope.training.distillation_choice import (
+    CHOICE_LEVEL,
+    PREFERRED_WEIGHT,
+    candidate_weights,
+    choose_weight,
+    deep_tuning_probs,
+    room_for_another,
+)
 from behrt_rope.training.loaders import make_loader, padding_report
 from behrt_rope.training.soup import TopChecksSoup
 from behrt_rope.training.sparse_time_fit import fit_path, set_path_share
@@ -360,30 +367,40 @@ def _train_deep(
 
 
 def _choose_run(runs: list[DeepRun], weights: tuple[float, ...], tuning: SplitData) -> tuple[DeepRun, dict]:
-    """The run whose deep part alone scores the best tuning macro AP, and what ``metrics.json`` records of
-    the choice (nothing to choose with one weight set: its weight alone)."""
+    """The run kept by :func:`~behrt_rope.training.distillation_choice.choose_weight` from the deep parts'
+    tuning scores, and what ``metrics.json`` records of the choice (nothing to choose with one weight set)."""
     if len(weights) == 1:
         return runs[0], {"sparse_time_distillation": weights[0]}
-    scores = {
-        run.distillation: round(
-            deep_tuning_ap(run.task.model, tuning.seqs, tuning.samples, tuning.y, run.trainer.strategy.root_device), 5
+    probs = {
+        run.distillation: deep_tuning_probs(
+            run.task.model, tuning.seqs, tuning.samples, run.trainer.strategy.root_device
         )
         for run in runs
     }
-    chosen = runs[[run.distillation for run in runs].index(best_weight(scores))]
+    choice = choose_weight(tuning.y, probs, tuning.samples.rows)
+    chosen = runs[list(probs).index(choice.weight)]
     log.info(
-        "finetune: sparse time distillation weights %s, macro AP of the deep part alone on the tuning split %s: "
+        "finetune: sparse time distillation weights %s, macro AP of the deep part alone on the tuning split %s%s: "
         "keeping %g",
-        [run.distillation for run in runs],
-        list(scores.values()),
+        list(probs),
+        list(choice.macro_ap.values()),
+        "".join(
+            f"; {w:g} minus {PREFERRED_WEIGHT:g}: {d:+.4f} ({lo:+.4f} to {hi:+.4f})"
+            for w, (d, lo, hi) in choice.over_preferred.items()
+        ),
         chosen.distillation,
     )
     report = {
         "sparse_time_distillation": chosen.distillation,
         "distillation_choice": {
-            "weights_tried": [run.distillation for run in runs],
+            "weights_tried": list(probs),
             "weights_not_tried": list(weights[len(runs) :]),
-            "tuning_deep_macro_ap": {f"{w:g}": ap for w, ap in scores.items()},
+            "tuning_deep_macro_ap": {f"{w:g}": ap for w, ap in choice.macro_ap.items()},
+            "preferred_weight": PREFERRED_WEIGHT,
+            "tuning_deep_macro_ap_minus_preferred": {
+                f"{w:g}": {"difference": d, "low": lo, "high": hi, "level": CHOICE_LEVEL}
+                for w, (d, lo, hi) in choice.over_preferred.items()
+            },
             "runs": {f"{run.distillation:g}": run.report for run in runs},
         },
     }

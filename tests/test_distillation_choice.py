@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from behrt_rope import schema as S
@@ -11,8 +12,14 @@ from behrt_rope.cli import main
 from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targets
 from behrt_rope.data.sequences import load_tokens
 from behrt_rope.training.bundle import load_bundle
-from behrt_rope.training.distillation_choice import DISTILLATION_GRID, deep_tuning_ap
+from behrt_rope.training.distillation_choice import (
+    DISTILLATION_GRID,
+    PREFERRED_WEIGHT,
+    choose_weight,
+    deep_tuning_probs,
+)
 from behrt_rope.training.inference import multilabel_model
+from behrt_rope.training.tasks import macro_average_precision
 from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, build_etl, error_line, read_metrics
 
 
@@ -32,7 +39,7 @@ def _saved_deep_part_tuning_ap(etl: Path, out: Path) -> float:
     seqs = load_tokens(etl).split(S.TUNING)
     samples = build_samples(seqs, TaskConfig(min_label_count=2))
     y = targets(seqs, samples, label_index(bundle["label_token_ids"], len(bundle["vocab"])))
-    return round(deep_tuning_ap(multilabel_model(bundle), seqs, samples, y), 5)
+    return round(macro_average_precision(y, deep_tuning_probs(multilabel_model(bundle), seqs, samples)), 5)
 
 
 def test_by_default_both_weights_train_and_the_saved_model_is_the_better_deep_part(etl: Path, tmp_path: Path) -> None:
@@ -43,7 +50,11 @@ def test_by_default_both_weights_train_and_the_saved_model_is_the_better_deep_pa
     scores = choice["tuning_deep_macro_ap"]
     assert choice["weights_tried"] == list(DISTILLATION_GRID) and choice["weights_not_tried"] == []
     assert set(scores) == {"0", "0.8"} and scores["0"] != scores["0.8"]  # two different trainings
-    chosen = max(DISTILLATION_GRID, key=lambda w: scores[f"{w:g}"])
+    over = choice["tuning_deep_macro_ap_minus_preferred"]["0"]
+    assert choice["preferred_weight"] == PREFERRED_WEIGHT == 0.8
+    assert over["low"] <= over["difference"] <= over["high"]
+    assert over["difference"] == pytest.approx(scores["0"] - scores["0.8"], abs=2e-5)
+    chosen = 0.0 if over["low"] > 0 else 0.8  # labels alone only when clearly better
     assert metrics["sparse_time_distillation"] == chosen
     assert _saved_deep_part_tuning_ap(etl, out) == pytest.approx(scores[f"{chosen:g}"], abs=2e-5)
     second = out / "distillation_0.8" / S.CHECKPOINT_DIR / S.BEST_CHECKPOINT
@@ -84,3 +95,37 @@ def test_a_weight_that_is_set_trains_once_and_one_outside_the_unit_interval_is_r
     capsys.readouterr()
     assert _finetune(etl, tmp_path / "bad", "sparse_time_distillation=1.5") != 0
     assert "sparse_time_distillation must lie in [0, 1] or be null, got 1.5" in error_line(capsys.readouterr().err)
+
+
+def _tuning_like(seed: int, patients: int = 300, per_patient: int = 3, labels: int = 12) -> tuple:
+    """Targets ``(N, L)``, a patient id per sample, and a score that ranks the targets somewhat (N = 900)."""
+    rng = np.random.default_rng(seed)
+    patient = np.repeat(np.arange(patients), per_patient)
+    y = rng.random((len(patient), labels)) < 0.15
+    signal = y + rng.normal(0.0, 1.0, y.shape)
+    return y, patient, signal
+
+
+def test_labels_alone_replace_the_preferred_weight_only_when_clearly_better_on_the_tuning_patients() -> None:
+    y, patient, signal = _tuning_like(seed=0)
+    rng = np.random.default_rng(1)
+    sharp, blurred = signal, signal + rng.normal(0.0, 1.5, signal.shape)  # the same ranking, less or more noise
+    clearly = choose_weight(y, {0.0: sharp, 0.8: blurred}, patient)
+    assert clearly.weight == 0.0
+    difference, low, high = clearly.over_preferred[0.0]
+    assert 0 < low <= difference <= high
+    assert difference == pytest.approx(clearly.macro_ap[0.0] - clearly.macro_ap[0.8], abs=2e-5)
+    # a hair better on the point estimate, within the noise of 300 patients: the preferred weight stands
+    nudged = blurred + rng.normal(0.0, 0.05, signal.shape)
+    close = choose_weight(y, {0.0: nudged, 0.8: blurred}, patient)
+    low_close = close.over_preferred[0.0][1]
+    assert low_close <= 0 and close.weight == 0.8
+    # worse: the preferred weight stands whatever the interval
+    assert choose_weight(y, {0.0: blurred, 0.8: sharp}, patient).weight == 0.8
+
+
+def test_without_the_preferred_weight_the_first_run_stands_and_nothing_is_compared() -> None:
+    y, patient, signal = _tuning_like(seed=2)
+    choice = choose_weight(y, {0.0: signal}, patient)
+    assert choice.weight == 0.0 and choice.over_preferred == {}
+    assert choice.macro_ap[0.0] == pytest.approx(macro_average_precision(y, signal), abs=1e-5)

@@ -11,6 +11,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 from behrt_rope import schema
 from behrt_rope.evaluation.metrics import (
     bootstrap_ci,
+    bootstrap_counts,
     bootstrap_replicates,
     per_code_table,
     per_column_scores,
@@ -224,3 +225,16 @@ def test_input_checks() -> None:
         summary_metrics(np.full((2, 2), 2), np.zeros((2, 2)))
     with pytest.raises(ValueError, match="finite"):
         summary_metrics(np.zeros((2, 2)), np.full((2, 2), np.nan))
+
+
+def test_a_clustered_bootstrap_draws_whole_patients_and_as_many_as_there_are() -> None:
+    patients = np.array([5, 5, 5, 9, 2, 2])  # three patients with 3, 1 and 2 samples
+    counts = bootstrap_counts(len(patients), 500, seed=4, clusters=patients)
+    assert counts.shape == (500, 6)
+    per_patient = counts[:, [0, 3, 4]]  # one row of each patient
+    assert (per_patient.sum(axis=1) == 3).all()  # three patients drawn per resample
+    assert (counts[:, 1] == counts[:, 0]).all() and (counts[:, 5] == counts[:, 4]).all()
+    assert (counts.sum(axis=1) == per_patient @ np.array([3, 1, 2])).all()  # a patient brings all its samples
+    assert set(np.unique(per_patient)) == {0, 1, 2, 3}
+    with pytest.raises(ValueError, match="2 cluster ids for 6 rows"):
+        bootstrap_counts(6, 2, seed=0, clusters=[1, 2])

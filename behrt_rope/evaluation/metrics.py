@@ -258,12 +258,25 @@ def summary_metrics(y_true: ArrayLike, y_score: ArrayLike, mask: ArrayLike | Non
 # ---------------------------------------------------------------------------------------------------------
 # Bootstrap
 # ---------------------------------------------------------------------------------------------------------
-def bootstrap_counts(n_samples: int, n_bootstrap: int, seed: int) -> np.ndarray:
-    """(n_bootstrap, n_samples) float counts: how often each row is drawn in each resample of n rows."""
+def bootstrap_counts(n_samples: int, n_bootstrap: int, seed: int, clusters: ArrayLike | None = None) -> np.ndarray:
+    """(n_bootstrap, n_samples) float counts: how often each row is drawn in each resample of n rows; with
+    ``clusters`` (n_samples,) (a patient id per row, say), whole clusters are drawn with replacement, as
+    many as there are, and each row counts as often as its cluster (rows of one patient are not independent).
+
+    >>> counts = bootstrap_counts(5, 3, seed=0, clusters=["a", "a", "b", "c", "c"])
+    >>> bool((counts[:, 0] == counts[:, 1]).all() and (counts[:, 3] == counts[:, 4]).all())
+    True
+    """
     rng = np.random.default_rng(seed)
     if n_samples == 0:
         return np.zeros((n_bootstrap, 0))
-    return rng.multinomial(n_samples, np.full(n_samples, 1.0 / n_samples), size=n_bootstrap).astype(float)
+    if clusters is None:
+        return rng.multinomial(n_samples, np.full(n_samples, 1.0 / n_samples), size=n_bootstrap).astype(float)
+    ids, row_cluster = np.unique(np.asarray(clusters), return_inverse=True)
+    if row_cluster.shape != (n_samples,):
+        raise ValueError(f"{row_cluster.size} cluster ids for {n_samples} rows")
+    drawn = rng.multinomial(len(ids), np.full(len(ids), 1.0 / len(ids)), size=n_bootstrap).astype(float)
+    return drawn[:, row_cluster]
 
 
 def bootstrap_replicates(
@@ -295,12 +308,14 @@ def summary_and_replicates(
     mask: ArrayLike | None = None,
     n_bootstrap: int = 200,
     seed: int = 0,
+    clusters: ArrayLike | None = None,
 ) -> tuple[dict, dict[str, np.ndarray]]:
     """``(summary_metrics(...), bootstrap_replicates(...))`` from one ranking of each kind: the scores are
     sorted once per code, once pooled and once per sample, and the point estimates and every replicate are
-    read off those rankings (the pooled N x L pairs are the largest ranking at hundreds of codes)."""
+    read off those rankings (the pooled N x L pairs are the largest ranking at hundreds of codes). With
+    ``clusters`` (N,), the replicates resample whole clusters (:func:`bootstrap_counts`)."""
     y, s, m = check_inputs(y_true, y_score, mask)
-    counts = bootstrap_counts(y.shape[0], n_bootstrap, seed)
+    counts = bootstrap_counts(y.shape[0], n_bootstrap, seed, clusters)
     code_ap = np.full((n_bootstrap, y.shape[1]), np.nan)
     code_auroc = np.full_like(code_ap, np.nan)
     point_ap = np.full(y.shape[1], np.nan)
