@@ -102,9 +102,9 @@ class Config:
     ``(1 - w) x BCE(labels) + w x BCE(path's probabilities)`` (knowledge distillation). The deep part still
     reads only the tokens and their times; the frozen path only shapes what it is trained towards. 0: labels
     alone. null: trained at 0, then at 0.8 when the time budget has room for a second training (at least the
-    first one's time left), keeping the run whose deep part alone scores the better tuning macro AP
-    (``training.distillation_choice``; ``metrics.json`` ``distillation_choice``); further runs go to
-    OUT/distillation_W."""
+    first one's time left), keeping 0.8 unless the deep part alone at 0 scores a clearly better tuning macro AP
+    (a paired bootstrap over the tuning patients; ``training.distillation_choice``; ``metrics.json``
+    ``distillation_choice``); further runs go to OUT/distillation_W."""
     sparse_time_max_samples: int = 50_000
     """With model.sparse_time, fit the path on at most this many train samples (a seeded subsample), to bound
     its time and memory (its features take 24 bytes per sample and label); the deep part trains on all of
