@@ -20,15 +20,19 @@ from behrt_rope.training.sparse_time_fit import SHARE_GRID
 from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, error_line, read_metrics
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-FINETUNE_FAST = ("--max-epochs", "1", "task.min_label_count=2", *FAST_TRAINER)
+FINETUNE_FAST = ("--max-epochs", "1", "task.min_label_count=2", "sparse_time_distillation=0", *FAST_TRAINER)
+"""One epoch at one distillation weight: the default's second training is tested in test_distillation_choice."""
+GBM_FIXED = "gradient_boosting_setting=moderate"
+"""Gradient boosting at one setting, where a test is not about choosing it: the grid takes most of a tiny
+evaluation (visits_run's evaluation keeps the choice, and test_evaluate_writes_metrics... checks it)."""
 
 
 def _run(*argv: str) -> None:
     assert main(list(argv)) == 0, f"behrt-rope {' '.join(argv)} failed"
 
 
-def _pipeline(root: Path, raw: Path, fmt: str, *etl_overrides: str) -> dict[str, Path]:
-    """etl -> pretrain -> finetune -> evaluate on ``raw``; returns the stage directories."""
+def _pipeline(root: Path, raw: Path, fmt: str, *etl_overrides: str, evaluate: tuple[str, ...] = ()) -> dict[str, Path]:
+    """etl -> pretrain -> finetune -> evaluate (with ``evaluate`` overrides) on ``raw``; the stage directories."""
     d = {name: root / name for name in ("etl", "pre", "ft", "eval")}
     _run("etl", "--input", str(raw), "--out", str(d["etl"]), "--format", fmt, "progress=false", *etl_overrides)
     _run("pretrain", "--data", str(d["etl"]), "--out", str(d["pre"]), "--max-epochs", "1", *TINY_MODEL, *FAST_TRAINER)
@@ -43,6 +47,7 @@ def _pipeline(root: Path, raw: Path, fmt: str, *etl_overrides: str) -> dict[str,
         str(d["eval"]),
         "n_bootstrap=10",
         "progress=false",
+        *evaluate,
     )
     return d
 
@@ -212,9 +217,8 @@ def test_real_samples_run_through_every_stage(tmp_path, sample, fmt, overrides):
     raw = SHARED_DATA / sample
     if not raw.is_dir():
         pytest.skip(f"{raw} not present")
-    d = _pipeline(
-        tmp_path, raw, fmt, *overrides, "etl.split.train=0.6", "etl.split.tuning=0.2", "etl.split.held_out=0.2"
-    )
+    split = ("etl.split.train=0.6", "etl.split.tuning=0.2", "etl.split.held_out=0.2")
+    d = _pipeline(tmp_path, raw, fmt, *overrides, *split, evaluate=(GBM_FIXED,))
     manifest = json.loads((d["etl"] / S.MANIFEST_FILE).read_text())
     assert manifest["reconciles"] and manifest["events_used"]["reconciles"]
     out = tmp_path / "pred.parquet"
@@ -234,7 +238,18 @@ def oracle_run(tmp_path_factory):
     )  # fmt: skip
     _run("etl", "--input", str(cohort), "--out", str(etl), "progress=false")
     _run("finetune", "--data", str(etl), "--out", str(ft), *FINETUNE_FAST, *TINY_MODEL)
-    _run("evaluate", "--model", str(ft), "--data", str(etl), "--out", str(ev), f"oracle={cohort}", "n_bootstrap=20")
+    _run(
+        "evaluate",
+        "--model",
+        str(ft),
+        "--data",
+        str(etl),
+        "--out",
+        str(ev),
+        f"oracle={cohort}",
+        "n_bootstrap=20",
+        GBM_FIXED,
+    )
     return cohort, ev
 
 
@@ -254,7 +269,7 @@ def test_evaluate_against_the_record_oracle(oracle_run, tmp_path):
     ft = ev.parent / "ft"
     out = tmp_path / "eval_record"
     _run("evaluate", "--model", str(ft), "--data", str(ev.parent / "etl"), "--out", str(out),
-         f"oracle={cohort / 'oracle_record.parquet'}", "n_bootstrap=20")  # fmt: skip
+         f"oracle={cohort / 'oracle_record.parquet'}", "n_bootstrap=20", GBM_FIXED)  # fmt: skip
     alone, both = read_metrics(out), read_metrics(ev)
     assert alone["ceiling"] is None and alone["ceiling_record"] == both["ceiling_record"]
     on_record, on_state = both["ceiling_record"]["predictors"], both["ceiling"]["predictors"]
@@ -358,7 +373,7 @@ def test_a_window_task_runs_through_every_stage_and_refuses_the_next_visit_oracl
     etl, ft, out = ev.parent / "etl", tmp_path / "ft_12m", tmp_path / "ev_12m"
     _run("finetune", "--data", str(etl), "--out", str(ft), "--task", "12m", *FINETUNE_FAST, *TINY_MODEL)
     assert load_bundle(ft, "multilabel")["task"]["name"] == "12m"
-    argv = ["evaluate", "--model", str(ft), "--data", str(etl), "--out", str(out), "n_bootstrap=5"]
+    argv = ["evaluate", "--model", str(ft), "--data", str(etl), "--out", str(out), "n_bootstrap=5", GBM_FIXED]
     assert main([*argv, f"oracle={cohort}"]) == 1
     assert "predicts the 12m task, so no ceiling exists" in error_line(capsys.readouterr().err)
     assert not (out / S.DONE_MARKER).exists()
