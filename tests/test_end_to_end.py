@@ -238,18 +238,8 @@ def oracle_run(tmp_path_factory):
     )  # fmt: skip
     _run("etl", "--input", str(cohort), "--out", str(etl), "progress=false")
     _run("finetune", "--data", str(etl), "--out", str(ft), *FINETUNE_FAST, *TINY_MODEL)
-    _run(
-        "evaluate",
-        "--model",
-        str(ft),
-        "--data",
-        str(etl),
-        "--out",
-        str(ev),
-        f"oracle={cohort}",
-        "n_bootstrap=20",
-        GBM_FIXED,
-    )
+    against = (f"oracle={cohort}", "n_bootstrap=20", GBM_FIXED)
+    _run("evaluate", "--model", str(ft), "--data", str(etl), "--out", str(ev), *against)
     return cohort, ev
 
 
