@@ -23,8 +23,9 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 FINETUNE_FAST = ("--max-epochs", "1", "task.min_label_count=2", "sparse_time_distillation=0", *FAST_TRAINER)
 """One epoch at one distillation weight: the default's second training is tested in test_distillation_choice."""
 GBM_FIXED = "gradient_boosting_setting=moderate"
-"""Gradient boosting at one setting, where a test is not about choosing it: the grid takes most of a tiny
-evaluation (visits_run's evaluation keeps the choice, and test_evaluate_writes_metrics... checks it)."""
+"""Gradient boosting at one setting where a test is not about choosing it: the grid takes most of a tiny
+evaluation (visits_run's evaluation keeps the choice, which test_evaluate_writes_metrics_and_a_readable_report
+checks)."""
 
 
 def _run(*argv: str) -> None:

@@ -25,9 +25,8 @@ def soup_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     out = root / "ft"
     argv = ["finetune", "--data", str(etl), "--out", str(out), "--max-epochs", "4", "task.min_label_count=2"]
     overrides = ["checkpoint_soup=2", "trainer.learning_rate=0.01", "trainer.early_stopping_patience=0"]
-    overrides.append(
-        "sparse_time_distillation=0"
-    )  # one training: its logs are the model's (the choice is tested apart)
+    # one training, so that OUT/logs are the saved model's (the distillation choice is tested apart)
+    overrides.append("sparse_time_distillation=0")
     assert main([*argv, *TINY_MODEL, *FAST_TRAINER, *overrides, f"select_by={request.param}"]) == 0
     return out, request.param
 
