@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed_offset < 0:
         parser.error(f"--seed-offset must be >= 0, got {args.seed_offset}")
     with tempfile.TemporaryDirectory(prefix="behrt_quality_") as tmp:
-        work = args.work or Path(tmp)
+        work = (args.work or Path(tmp)).resolve()  # the stages run from the repository root
         results: dict[str, Any] = {
             "benchmark": "quality",
             "patients": args.patients,
