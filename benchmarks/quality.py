@@ -3,7 +3,7 @@
     python benchmarks/quality.py [--cohorts default short_sparse long_dense] [--patients 8000]
                                  [--split 0.5 0.05 0.45]
                                  [--work DIR] [--oracle-replicas 300] [--markdown FILE] [--with-wide]
-                                 [--record-oracle-particles 1000] [--task 12m] [--seed-offset 7000]
+                                 [--record-oracle-particles 1000] [--task 12m] [--seed-offset 7000] [--reach]
                                  [-- extra overrides for pretrain and finetune, e.g. trainer.max_epochs=2]
 
 For each cohort: ``behrt-rope synth`` (with ``oracle=true``) -> ``etl`` -> ``pretrain`` -> ``finetune
@@ -26,6 +26,9 @@ held-out sample only (no synth oracle, no ``at_oracle_cuts``). With ``--record-o
 clinical cohorts are also measured against the record oracle of their held-out patients
 (``synthetic_data/record_oracle.py``: the best prediction from the recorded history alone, the ceiling a model
 can reach; about 15 minutes of one core per 3,600 patients at N = 1000): ``gap_closed_record`` per predictor.
+With ``--reach`` the recurrence cohorts also fit the generator's own form on the same train patients
+(``benchmarks/recurrence_ceiling.py``; its shapes told, and learned from bins; a few CPU minutes each): how much
+of the gap a learner that knew the equations closes from the same data (``reach``, and a table of its own).
 With ``--markdown FILE`` it also writes the tables that ``docs/benchmarks.md`` shows.
 
 The cohorts differ in structure, and their seeds are ones the defaults were never tuned on:
@@ -65,6 +68,7 @@ from behrt_rope import schema as S  # noqa: E402
 from behrt_rope.data.sequences import load_tokens  # noqa: E402
 from behrt_rope.evaluation.ceiling import HISTORY_PARTS, format_share  # noqa: E402
 from behrt_rope.evaluation.report import REFERENCE_NAMES, replicate_difference  # noqa: E402
+from benchmarks.recurrence_ceiling import fitted_form  # noqa: E402
 from synthetic_data.generator import SynthConfig  # noqa: E402
 from synthetic_data.record_oracle import record_oracle_table  # noqa: E402
 
@@ -142,10 +146,13 @@ def run_cohort(
     record_particles: int = 0,
     task: str = "next_visit",
     seed_offset: int = 0,
+    reach: bool = False,
 ) -> dict[str, Any]:
     """Every stage on one cohort (its seed moved by ``seed_offset``, see :func:`cohort_args`); the figures of
     its evaluation and the cost of each stage. With
-    ``record_particles`` (clinical cohorts) also the record oracle of the held-out patients. The oracles give
+    ``record_particles`` (clinical cohorts) also the record oracle of the held-out patients; with ``reach``
+    (recurrence cohorts) also the generator's own form fitted on the same patients (:func:`fitted_form_reach`).
+    The oracles give
     next-visit probabilities, so a ``6m`` or ``12m`` ``task`` is measured against the references only."""
     d = {s: work / name / s for s in ("cohort", "etl", "pretrain", "finetune", "evaluate")}
     oracle = task == "next_visit"
@@ -235,6 +242,12 @@ def run_cohort(
     finetune = json.loads((d["finetune"] / "metrics.json").read_text())
     manifest = json.loads((d["etl"] / "manifest.json").read_text())
     wide_metrics = json.loads((work / name / "evaluate_with_wide" / "metrics.json").read_text()) if with_wide else None
+    recurrence = "synth.process=recurrence" in COHORTS[name]
+    reached = (
+        {"reach": fitted_form_reach(d["cohort"], d["etl"], metrics, finetune["label_codes"])}
+        if reach and oracle and recurrence and metrics["ceiling"]
+        else {}
+    )
     return {
         "task": task,
         "patients": manifest["patients"]["with_tokens"],
@@ -242,6 +255,7 @@ def run_cohort(
         "labels": finetune["labels"],
         "finetune_epochs": finetune["epochs"],
         **(at_oracle_cuts(metrics, wide_metrics) if metrics["ceiling"] else {}),
+        **reached,
         "all_held_out": {
             "n_samples": metrics["model"]["n_samples"],
             **{
@@ -253,6 +267,40 @@ def run_cohort(
         "train_cpu_s": round(seconds["pretrain"]["cpu_s"] + seconds["finetune"]["cpu_s"], 1),
         "train_wall_s": round(seconds["pretrain"]["wall_s"] + seconds["finetune"]["wall_s"], 1),
     }
+
+
+def fitted_form_reach(cohort: Path, etl: Path, metrics: dict[str, Any], labels: list[str]) -> dict[str, Any]:
+    """How far a learner that knew the recurrence generator's equations gets from the same train patients
+    (``benchmarks/recurrence_ceiling.py``): its form fitted with the catalogue's shapes told (``true_shapes``)
+    and with the shapes learned from bins (``binned_shapes``), each scored by :func:`reach_share` against the
+    evaluation's tuned logistic regression and oracle (``metrics``) over the model's ``labels``."""
+    cfg = config_lib.build(SynthConfig, config_lib.load_yaml(cohort / S.RESOLVED_CONFIG_FILE)["synth"])
+    predictors = metrics["ceiling"]["predictors"]
+    low, high = (predictors[p]["overall"]["macro_ap"] for p in ("logistic_regression", "oracle"))
+    out: dict[str, Any] = {}
+    for shapes in ("true", "binned"):
+        cpu = time.process_time()
+        per_code = fitted_form(cfg, etl, shapes)["per_code"]
+        out[f"{shapes}_shapes"] = {
+            **reach_share(per_code, labels, low, high),
+            "cpu_s": round(time.process_time() - cpu, 1),
+        }
+    return out
+
+
+def reach_share(per_code: dict[str, dict[str, float]], labels: list[str], low: float, high: float) -> dict[str, Any]:
+    """The fitted form's macro AP over the codes among ``labels`` (matched as written or without their dots, as
+    the ETL may strip them) and the share of the gap from ``low`` to ``high`` (macro AP of the tuned logistic
+    regression and of the oracle at the same cuts) that it closes.
+
+    >>> per_code = {c: {"fitted_true_form": ap} for c, ap in (("A01.1", 0.5), ("B02", 0.3), ("C03", 0.9))}
+    >>> reach_share(per_code, ["A011", "B02"], 0.2, 0.6)
+    {'macro_ap': 0.4, 'codes': 2, 'gap_closed': 0.5}
+    """
+    wanted = set(labels)
+    aps = [e["fitted_true_form"] for code, e in per_code.items() if code in wanted or code.replace(".", "") in wanted]
+    ap = sum(aps) / len(aps) if aps else math.nan
+    return {"macro_ap": round(ap, 5), "codes": len(aps), "gap_closed": round((ap - low) / (high - low), 4)}
 
 
 def at_oracle_cuts(metrics: dict[str, Any], wide: dict[str, Any] | None) -> dict[str, Any]:
@@ -336,6 +384,8 @@ def markdown(results: dict[str, Any]) -> str:
     cohorts = results["cohorts"]
     with_cuts = {name: r for name, r in cohorts.items() if "at_oracle_cuts" in r}
     tables = [_cuts_table(with_cuts), _lead_table(with_cuts)] if with_cuts else []
+    reached = {name: r for name, r in cohorts.items() if "reach" in r}
+    tables += [_reach_table(reached)] if reached else []
     return "\n".join([*tables, _held_out_table(cohorts), _cost_table(cohorts)])
 
 
@@ -407,6 +457,20 @@ def _held_out_table(cohorts: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _reach_table(cohorts: dict[str, Any]) -> str:
+    """Gap closed at the oracle's cuts by the model and by the generator's own form fitted on the same patients
+    (``--reach``), and the model's share of that form's."""
+    lines = [
+        "| cohort | model | fitted form, shapes told | fitted form, shapes from bins | model / told form |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for cohort, r in cohorts.items():
+        model = r["at_oracle_cuts"]["model"]["gap_closed"]["point"]
+        told, binned = (r["reach"][f"{shapes}_shapes"]["gap_closed"] for shapes in ("true", "binned"))
+        lines.append(f"| {cohort} | {model:.0%} | {told:.0%} | {binned:.0%} | {model / told:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
 def _cost_table(cohorts: dict[str, Any]) -> str:
     lines = [
         "| cohort | patients | mean tokens per patient | held-out samples (at the oracle's cuts) "
@@ -461,6 +525,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="add this to every cohort's seed: the same shapes drawn afresh, cohorts never seen before (>= 0)",
     )
+    parser.add_argument(
+        "--reach",
+        action="store_true",
+        help="recurrence cohorts: also fit the generator's own form on the same patients (its shapes told, and "
+        "learned from bins) to show how much of the gap a learner that knew the equations closes",
+    )
     parser.add_argument("--work", type=Path, default=None, help="keep every stage's output here")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the docs table here")
     parser.add_argument(
@@ -496,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.record_oracle_particles,
                 args.task,
                 args.seed_offset,
+                args.reach,
             )
     print(json.dumps(results, indent=2))
     if args.markdown:

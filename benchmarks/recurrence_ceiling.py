@@ -25,8 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression
@@ -178,15 +179,23 @@ def main() -> None:
     cfg = SynthConfig(patients=args.patients, seed=args.seed, process="recurrence")
     for key, value in settings.items():
         setattr(cfg, key, type(getattr(cfg, key))(value))
+    print(json.dumps(fitted_form(cfg, Path(args.etl), args.shapes, args.drop), indent=1))
+
+
+def fitted_form(cfg: SynthConfig, etl: Path, shapes: str = "true", drop: Sequence[str] = ()) -> dict[str, Any]:
+    """The fitted form of the recurrence cohort ``cfg`` (its ETL output in ``etl``, for the patient split),
+    ``shapes`` "true" or "binned" (:func:`binned_design`), without the features named in ``drop``: macro AP at
+    the oracle's cuts of the held-out patients for it, the oracle and a bag-of-codes regression, the share of
+    the gap it closes, and ``per_code``, each code's three APs (codes as the generator writes them)."""
     oracle = oracle_table(cfg)
     codes = draw_catalogue(cfg).codes
     patient, _, x, y, prev = collect(cfg)
     seen, visits = FEATURES.index("seen"), FEATURES.index("visit_count")
     bag = np.concatenate([x[:, :, seen], x[:, 0, visits : visits + 1]], axis=1)  # presence of every code, visits
-    x = x[:, :, [i for i, name in enumerate(FEATURES) if name not in args.drop]]
-    if args.shapes == "binned":
+    x = x[:, :, [i for i, name in enumerate(FEATURES) if name not in drop]]
+    if shapes == "binned":
         x = collect(cfg, binned_design)[2]  # the same seeded simulation, so the same rows
-    split = load_tokens(args.etl).patients.set_index(S.PATIENT_ID)[S.SPLIT]
+    split = load_tokens(etl).patients.set_index(S.PATIENT_ID)[S.SPLIT]
     ids = patient_ids(cfg.patients)
     split_of = split.reindex(ids).to_numpy()[patient]
     train = split_of == S.TRAIN
@@ -222,7 +231,7 @@ def main() -> None:
     out["per_code"] = {
         str(codes[j]): {name: round(aps[i], 5) for name, aps in per_code.items()} for i, j in enumerate(ok)
     }
-    print(json.dumps(out, indent=1))
+    return out
 
 
 if __name__ == "__main__":

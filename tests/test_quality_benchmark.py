@@ -9,7 +9,15 @@ import pytest
 
 from behrt_rope import schema as S
 from behrt_rope.cli import main
-from benchmarks.quality import COHORTS, PREDICTORS, cohort_args, markdown, model_lead, write_record_oracle
+from benchmarks.quality import (
+    COHORTS,
+    PREDICTORS,
+    cohort_args,
+    fitted_form_reach,
+    markdown,
+    model_lead,
+    write_record_oracle,
+)
 from benchmarks.quality import main as quality_main
 
 
@@ -145,6 +153,36 @@ def test_record_oracle_is_written_for_the_held_out_patients_beside_the_state_ora
     cuts = state[state[S.PATIENT_ID].isin(set(record[S.PATIENT_ID]))][key].drop_duplicates()
     cuts = cuts.sort_values(key, ignore_index=True)
     pd.testing.assert_frame_equal(record[key].drop_duplicates().sort_values(key, ignore_index=True), cuts)
+
+
+def test_reach_fits_the_generator_s_form_on_the_train_patients_and_scores_it_over_the_model_s_labels(tmp_path):
+    cohort, etl = tmp_path / "cohort", tmp_path / "etl"
+    assert main(["synth", "--out", str(cohort), "--patients", "400", "--seed", "5", "synth.process=recurrence",
+                 "oracle=true", "oracle_replicas=5"]) == 0  # fmt: skip
+    assert main(["etl", "--input", str(cohort), "--out", str(etl), "progress=false", "etl.split.train=0.5",
+                 "etl.split.tuning=0.1", "etl.split.held_out=0.4"]) == 0  # fmt: skip
+    codes = sorted(pd.read_parquet(cohort / S.ORACLE_FILE)[S.CODE].unique())
+    labels = [c.replace(".", "") for c in codes[:10]]  # as an ETL that strips dots writes them
+    low, high = 0.1, 0.5
+    metrics = {"ceiling": {"predictors": {"logistic_regression": {"overall": {"macro_ap": low}},
+                                          "oracle": {"overall": {"macro_ap": high}}}}}  # fmt: skip
+    reach = fitted_form_reach(cohort, etl, metrics, labels)
+    assert set(reach) == {"true_shapes", "binned_shapes"}
+    for entry in reach.values():
+        assert 1 <= entry["codes"] <= 10  # only the model's labels (those with a positive at the cuts)
+        assert 0.0 <= entry["macro_ap"] <= 1.0
+        assert entry["gap_closed"] == pytest.approx((entry["macro_ap"] - low) / (high - low), abs=1e-3)
+    assert reach["true_shapes"]["macro_ap"] != reach["binned_shapes"]["macro_ap"]  # two different designs
+
+
+def test_reach_table_reads_the_model_s_share_of_the_told_form_s_gap():
+    cuts = {"n_samples": 100, "model": _entry(0.72, None, None), "oracle": _entry(1.0, None, None)}
+    reach = {"true_shapes": {"gap_closed": 0.9}, "binned_shapes": {"gap_closed": 0.75}}
+    cohort = {"patients": 8000, "tokens_per_patient": 20.0, "at_oracle_cuts": cuts, "all_held_out": ALL_HELD_OUT,
+              "train_cpu_s": 200.0, "train_wall_s": 210.0}  # fmt: skip
+    tables = markdown({"cohorts": {"recurrence_sparse": cohort | {"reach": reach}}}).split("\n\n")
+    assert "| recurrence_sparse | 72% | 90% | 75% | 80% |" in tables[2].splitlines()
+    assert not any("shapes told" in t for t in markdown({"cohorts": {"recurrence_sparse": cohort}}).split("\n\n"))
 
 
 def test_a_seed_offset_draws_every_cohort_afresh_and_keeps_its_shape():
