@@ -150,11 +150,10 @@ def run_cohort(
     reach: bool = False,
 ) -> dict[str, Any]:
     """Every stage on one cohort (its seed moved by ``seed_offset``, see :func:`cohort_args`); the figures of
-    its evaluation and the cost of each stage. With
-    ``record_particles`` (clinical cohorts) also the record oracle of the held-out patients; with ``reach``
-    (recurrence cohorts) also the generator's own form fitted on the same patients (:func:`fitted_form_reach`).
-    The oracles give
-    next-visit probabilities, so a ``6m`` or ``12m`` ``task`` is measured against the references only."""
+    its evaluation and the cost of each stage. With ``record_particles`` (clinical cohorts) also the record
+    oracle of the held-out patients; with ``reach`` (recurrence cohorts) also the generator's own form fitted on
+    the same patients (:func:`fitted_form_reach`). The oracles give next-visit probabilities, so a ``6m`` or
+    ``12m`` ``task`` is measured against the references only."""
     d = {s: work / name / s for s in ("cohort", "etl", "pretrain", "finetune", "evaluate")}
     oracle = task == "next_visit"
     against_oracle = [f"oracle={d['cohort']}"] if oracle else []
