@@ -27,7 +27,7 @@ clinical cohorts are also measured against the record oracle of their held-out p
 (``synthetic_data/record_oracle.py``: the best prediction from the recorded history alone, the ceiling a model
 can reach; about 15 minutes of one core per 3,600 patients at N = 1000): ``gap_closed_record`` per predictor.
 With ``--reach`` the recurrence cohorts also fit the generator's own form on the same train patients
-(``benchmarks/recurrence_ceiling.py``; its shapes told, and learned from bins; about 12 CPU s each on a sparse
+(``benchmarks/recurrence_ceiling.py``; its shapes told, and learned from bins, both fits on one simulation; about 20 CPU s on a sparse
 cohort): how much of the gap a learner that knew the equations closes from the same data (``reach``, and a
 table of its own).
 With ``--markdown FILE`` it also writes the tables that ``docs/benchmarks.md`` shows.
@@ -69,7 +69,7 @@ from behrt_rope import schema as S  # noqa: E402
 from behrt_rope.data.sequences import load_tokens  # noqa: E402
 from behrt_rope.evaluation.ceiling import HISTORY_PARTS, format_share  # noqa: E402
 from behrt_rope.evaluation.report import REFERENCE_NAMES, replicate_difference  # noqa: E402
-from benchmarks.recurrence_ceiling import fitted_form  # noqa: E402
+from benchmarks.recurrence_ceiling import fitted_forms  # noqa: E402
 from synthetic_data.generator import SynthConfig  # noqa: E402
 from synthetic_data.record_oracle import record_oracle_table  # noqa: E402
 
@@ -277,15 +277,12 @@ def fitted_form_reach(cohort: Path, etl: Path, metrics: dict[str, Any], labels: 
     cfg = config_lib.build(SynthConfig, config_lib.load_yaml(cohort / S.RESOLVED_CONFIG_FILE)["synth"])
     predictors = metrics["ceiling"]["predictors"]
     low, high = (predictors[p]["overall"]["macro_ap"] for p in ("logistic_regression", "oracle"))
-    out: dict[str, Any] = {}
-    for shapes in ("true", "binned"):
-        cpu = time.process_time()
-        per_code = fitted_form(cfg, etl, shapes)["per_code"]
-        out[f"{shapes}_shapes"] = {
-            **reach_share(per_code, labels, low, high),
-            "cpu_s": round(time.process_time() - cpu, 1),
-        }
-    return out
+    cpu = time.process_time()
+    fits = fitted_forms(cfg, etl, ("true", "binned"))
+    cpu_s = round(time.process_time() - cpu, 1)
+    return {f"{shapes}_shapes": reach_share(fit["per_code"], labels, low, high) for shapes, fit in fits.items()} | {
+        "cpu_s": cpu_s
+    }
 
 
 def reach_share(per_code: dict[str, dict[str, float]], labels: list[str], low: float, high: float) -> dict[str, Any]:

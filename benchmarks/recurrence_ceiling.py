@@ -127,33 +127,36 @@ def binned_design(sim: RecurrenceSimulation, idx: np.ndarray, day: np.ndarray) -
 
 
 def collect(
-    cfg: SynthConfig, features: Callable[[RecurrenceSimulation, np.ndarray, np.ndarray], np.ndarray] | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every visit after a patient's first: (patient, visit number, design, outcome, day of the visit before).
+    cfg: SynthConfig, *features: Callable[[RecurrenceSimulation, np.ndarray, np.ndarray], np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]:
+    """Every visit after a patient's first, from one seeded simulation: (patient, visit number, one design per
+    function of ``features``, outcome, day of the visit before).
 
-    ``features`` makes the design (default :func:`design`, the true form; :func:`binned_design`: shape-free)."""
-    features = features or design
+    ``features`` make the designs (default :func:`design`, the true form; :func:`binned_design`: shape-free)."""
+    makers = features or (design,)
     cat = draw_catalogue(cfg)
     sim = RecurrenceSimulation(cfg, np.random.default_rng(cfg.seed), cat)
-    parts: list[tuple[np.ndarray, ...]] = []
-    pending: dict[str, np.ndarray] = {}
+    parts: list[tuple[Any, ...]] = []
+    pending: dict[str, Any] = {}
 
     def before(idx: np.ndarray, day: np.ndarray) -> None:
         keep = sim.visits[idx] >= 1
         pending.update(
             keep=keep,
             visit=sim.visits[idx[keep]].copy(),
-            x=features(sim, idx[keep], day[keep]),
+            xs=[make(sim, idx[keep], day[keep]) for make in makers],
             prev=sim.t_prev[idx[keep]].copy(),
         )
 
     def after(idx: np.ndarray, hits: np.ndarray) -> None:
         keep = pending["keep"]
         if keep.any():
-            parts.append((idx[keep], pending["visit"], pending["x"], hits[keep], pending["prev"]))
+            parts.append((idx[keep], pending["visit"], pending["xs"], hits[keep], pending["prev"]))
 
     sim.run_visits(before_visit=before, after_visit=after)
-    return tuple(np.concatenate([p[i] for p in parts]) for i in range(5))  # type: ignore[return-value]
+    patient, visit, outcome, prev = (np.concatenate([p[i] for p in parts]) for i in (0, 1, 3, 4))
+    xs = [np.concatenate([p[2][k] for p in parts]) for k in range(len(makers))]
+    return patient, visit, xs, outcome, prev
 
 
 def main() -> None:
@@ -179,22 +182,32 @@ def main() -> None:
     cfg = SynthConfig(patients=args.patients, seed=args.seed, process="recurrence")
     for key, value in settings.items():
         setattr(cfg, key, type(getattr(cfg, key))(value))
-    print(json.dumps(fitted_form(cfg, Path(args.etl), args.shapes, args.drop), indent=1))
+    print(json.dumps(fitted_forms(cfg, Path(args.etl), (args.shapes,), args.drop)[args.shapes], indent=1))
 
 
-def fitted_form(cfg: SynthConfig, etl: Path, shapes: str = "true", drop: Sequence[str] = ()) -> dict[str, Any]:
-    """The fitted form of the recurrence cohort ``cfg`` (its ETL output in ``etl``, for the patient split),
-    ``shapes`` "true" or "binned" (:func:`binned_design`), without the features named in ``drop``: macro AP at
-    the oracle's cuts of the held-out patients for it, the oracle and a bag-of-codes regression, the share of
-    the gap it closes, and ``per_code``, each code's three APs (codes as the generator writes them)."""
+SHAPES = {"true": design, "binned": binned_design}
+"""How a fit's design reads each feature's shape: as the catalogue draws it, or learned from indicator bins."""
+
+
+def fitted_forms(
+    cfg: SynthConfig, etl: Path, shapes: Sequence[str] = ("true",), drop: Sequence[str] = ()
+) -> dict[str, dict[str, Any]]:
+    """The fitted form of the recurrence cohort ``cfg`` (its ETL output in ``etl``, for the patient split) for
+    each of ``shapes`` (keys of :data:`SHAPES`; one simulation and one oracle table for all), without the
+    features named in ``drop`` (the true form's only): macro AP at the oracle's cuts of the held-out patients
+    for it, the oracle and a bag-of-codes regression, the share of the gap it closes, and ``per_code``, each
+    code's three APs (codes as the generator writes them)."""
     oracle = oracle_table(cfg)
     codes = draw_catalogue(cfg).codes
-    patient, _, x, y, prev = collect(cfg)
+    patient, _, xs, y, prev = collect(cfg, design, *(SHAPES[s] for s in shapes if s != "true"))
     seen, visits = FEATURES.index("seen"), FEATURES.index("visit_count")
-    bag = np.concatenate([x[:, :, seen], x[:, 0, visits : visits + 1]], axis=1)  # presence of every code, visits
-    x = x[:, :, [i for i, name in enumerate(FEATURES) if name not in drop]]
-    if shapes == "binned":
-        x = collect(cfg, binned_design)[2]  # the same seeded simulation, so the same rows
+    x_true = xs[0]
+    bag = np.concatenate([x_true[:, :, seen], x_true[:, 0, visits : visits + 1]], axis=1)  # every code, visits
+    designs = iter(xs[1:])
+    x_of = {
+        s: x_true[:, :, [i for i, name in enumerate(FEATURES) if name not in drop]] if s == "true" else next(designs)
+        for s in shapes
+    }
     split = load_tokens(etl).patients.set_index(S.PATIENT_ID)[S.SPLIT]
     ids = patient_ids(cfg.patients)
     split_of = split.reindex(ids).to_numpy()[patient]
@@ -207,17 +220,33 @@ def fitted_form(cfg: SynthConfig, etl: Path, shapes: str = "true", drop: Sequenc
     rows = {p: i for i, p in enumerate(ids[patient[at_cut]])}
     o = oracle[oracle[S.PATIENT_ID].isin(rows)]
     truth[o[S.PATIENT_ID].map(rows).to_numpy(), np.searchsorted(codes, o[S.CODE].to_numpy())] = o[S.PROBABILITY]
-    fitted, bag_scores = np.zeros_like(truth), np.zeros_like(truth)
+    bag_scores = np.zeros_like(truth)
+    fitted = {s: np.zeros_like(truth) for s in shapes}
     for j in range(len(codes)):
         if y[train, j].min() == y[train, j].max():
             continue
-        model = LogisticRegression(C=10.0, max_iter=2000).fit(x[train, j], y[train, j])
-        fitted[:, j] = model.predict_proba(x[at_cut, j])[:, 1]
+        for s, x in x_of.items():
+            model = LogisticRegression(C=10.0, max_iter=2000).fit(x[train, j], y[train, j])
+            fitted[s][:, j] = model.predict_proba(x[at_cut, j])[:, 1]
         reference = LogisticRegression(C=1.0, max_iter=2000).fit(bag[train], y[train, j])
         bag_scores[:, j] = reference.predict_proba(bag[at_cut])[:, 1]
     outcome = y[at_cut]
     ok = [j for j in range(len(codes)) if 0 < outcome[:, j].sum() < len(outcome)]
+    counts = {"train_samples": int(train.sum()), "samples_at_cuts": int(at_cut.sum()), "codes": len(ok)}
+    return {s: _scored(fitted[s], truth, bag_scores, outcome, ok, codes, counts) for s in shapes}
 
+
+def _scored(
+    fitted: np.ndarray,
+    truth: np.ndarray,
+    bag_scores: np.ndarray,
+    outcome: np.ndarray,
+    ok: list[int],
+    codes: np.ndarray,
+    counts: dict[str, int],
+) -> dict[str, Any]:
+    """One fit's figures (see :func:`fitted_forms`) from ``(n, codes)`` probabilities of it, the oracle and the
+    bag of codes against the outcomes ``outcome``, over the codes ``ok`` (both outcomes seen at the cuts)."""
     scores = {"fitted_true_form": fitted, "oracle": truth, "bag_of_codes": bag_scores}
     per_code = {
         name: [float(average_precision_score(outcome[:, j], s[:, j])) for j in ok] for name, s in scores.items()
@@ -225,8 +254,7 @@ def fitted_form(cfg: SynthConfig, etl: Path, shapes: str = "true", drop: Sequenc
     result = {name: float(np.mean(aps)) for name, aps in per_code.items()}
     low, high = result["bag_of_codes"], result["oracle"]
     result["fitted_true_form_gap_closed"] = (result["fitted_true_form"] - low) / (high - low)
-    result.update(train_samples=int(train.sum()), samples_at_cuts=int(at_cut.sum()), codes=len(ok))
-    out: dict[str, object] = {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}
+    out: dict[str, Any] = {k: round(v, 4) for k, v in result.items()} | counts
     # each code's APs, so that a reader can restrict the macro average to another label set (a model's)
     out["per_code"] = {
         str(codes[j]): {name: round(aps[i], 5) for name, aps in per_code.items()} for i, j in enumerate(ok)

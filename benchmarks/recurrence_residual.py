@@ -90,7 +90,7 @@ def main() -> None:
     # Codes as the ETL writes them (dots dropped by the default code normalisation).
     codes = [str(c).replace(".", "") for c in draw_catalogue(cfg).codes]
     columns = [codes.index(label) for label in bundle["labels"]]
-    patient, _, design, _, previous = collect(cfg)
+    patient, _, (design,), _, previous = collect(cfg)
     sim_ids = np.asarray(patient_ids(cfg.patients))[patient]
     key = {(p, int(d)): i for i, (p, d) in enumerate(zip(sim_ids, previous, strict=True))}
     train_rows, train_logits, train_y = split_samples(seqs, S.TRAIN, model, label_of_token, key)

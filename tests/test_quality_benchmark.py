@@ -19,6 +19,8 @@ from benchmarks.quality import (
     write_record_oracle,
 )
 from benchmarks.quality import main as quality_main
+from benchmarks.recurrence_ceiling import fitted_forms
+from synthetic_data.generator import SynthConfig
 
 
 def _entry(share: float, on_file: float | None, new: float | None) -> dict:
@@ -167,12 +169,16 @@ def test_reach_fits_the_generator_s_form_on_the_train_patients_and_scores_it_ove
     metrics = {"ceiling": {"predictors": {"logistic_regression": {"overall": {"macro_ap": low}},
                                           "oracle": {"overall": {"macro_ap": high}}}}}  # fmt: skip
     reach = fitted_form_reach(cohort, etl, metrics, labels)
-    assert set(reach) == {"true_shapes", "binned_shapes"}
-    for entry in reach.values():
+    assert set(reach) == {"true_shapes", "binned_shapes", "cpu_s"}
+    for entry in (reach["true_shapes"], reach["binned_shapes"]):
         assert 1 <= entry["codes"] <= 10  # only the model's labels (those with a positive at the cuts)
         assert 0.0 <= entry["macro_ap"] <= 1.0
         assert entry["gap_closed"] == pytest.approx((entry["macro_ap"] - low) / (high - low), abs=1e-3)
     assert reach["true_shapes"]["macro_ap"] != reach["binned_shapes"]["macro_ap"]  # two different designs
+    # the two fits share one simulation: the binned fit alone (its own simulation) is the same fit
+    alone = fitted_forms(SynthConfig(patients=400, seed=5, process="recurrence"), etl, ("binned",))["binned"]
+    both = fitted_forms(SynthConfig(patients=400, seed=5, process="recurrence"), etl, ("true", "binned"))
+    assert alone == both["binned"] and both["true"]["per_code"] != alone["per_code"]
 
 
 def test_reach_table_reads_the_model_s_share_of_the_told_form_s_gap():
