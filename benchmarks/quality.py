@@ -27,9 +27,9 @@ clinical cohorts are also measured against the record oracle of their held-out p
 (``synthetic_data/record_oracle.py``: the best prediction from the recorded history alone, the ceiling a model
 can reach; about 15 minutes of one core per 3,600 patients at N = 1000): ``gap_closed_record`` per predictor.
 With ``--reach`` the recurrence cohorts also fit the generator's own form on the same train patients
-(``benchmarks/recurrence_ceiling.py``; its shapes told, and learned from bins, both fits on one simulation; about 20 CPU s on a sparse
-cohort): how much of the gap a learner that knew the equations closes from the same data (``reach``, and a
-table of its own).
+(``benchmarks/recurrence_ceiling.py``; its shapes told, and learned from bins, both fits on one simulation;
+about 20 CPU s on a sparse cohort): how much of the gap a learner that knew the equations closes from the same
+data (``reach``, and a table of its own).
 With ``--markdown FILE`` it also writes the tables that ``docs/benchmarks.md`` shows.
 
 The cohorts differ in structure, and their seeds are ones the defaults were never tuned on:
