@@ -41,9 +41,12 @@ from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.distillation_choice import (
     CHOICE_LEVEL,
     PREFERRED_WEIGHT,
+    PathLead,
     candidate_weights,
     choose_weight,
+    deep_and_path_tuning_probs,
     deep_tuning_probs,
+    path_leads,
     room_for_another,
 )
 from behrt_rope.training.loaders import make_loader, padding_report
@@ -101,9 +104,10 @@ class Config:
     """With model.sparse_time, the weight of the path's probabilities as soft targets in the deep part's loss:
     ``(1 - w) x BCE(labels) + w x BCE(path's probabilities)`` (knowledge distillation). The deep part still
     reads only the tokens and their times; the frozen path only shapes what it is trained towards. 0: labels
-    alone. null: trained at 0, then at 0.8 when the time budget has room for a second training (at least the
-    first one's time left), keeping 0.8 unless the deep part alone at 0 scores a clearly better tuning macro AP
-    (a paired bootstrap over the tuning patients; ``training.distillation_choice``; ``metrics.json``
+    alone. null: trained at 0, then at 0.8 when the path alone scores a better tuning macro AP than that first
+    deep part (the path is the stronger learner) and the time budget has room for a second training (at least
+    the first one's time left), keeping 0.8 unless the deep part alone at 0 scores a clearly better tuning
+    macro AP (a paired bootstrap over the tuning patients; ``training.distillation_choice``; ``metrics.json``
     ``distillation_choice``); further runs go to OUT/distillation_W."""
     sparse_time_max_samples: int = 50_000
     """With model.sparse_time, fit the path on at most this many train samples (a seeded subsample), to bound
@@ -223,8 +227,8 @@ def run(config: Config) -> Path:
         has_path = task.model.sparse_time is not None
         weights = candidate_weights(config.sparse_time_distillation, has_path, len(tuning.y) > 0)
         task.path_distillation = weights[0]  # the first run's weight; each further one gets a task of its own
-        runs = _train_candidates(config, weights, new_task, task, out, train, tuning, stage_started)
-        chosen, choice_report = _choose_run(runs, weights, tuning)
+        runs, lead = _train_candidates(config, weights, new_task, task, out, train, tuning, stage_started)
+        chosen, choice_report = _choose_run(runs, weights, tuning, lead)
         task, trainer = chosen.task, chosen.trainer
         val_loader = chosen.val_loader
         shares = {}
@@ -297,13 +301,26 @@ def _train_candidates(
     train: SplitData,
     tuning: SplitData,
     stage_started: float,
-) -> list[DeepRun]:
+) -> tuple[list[DeepRun], PathLead | None]:
     """Train the deep part once per distillation weight (``training.distillation_choice``): the first in
     ``out`` from ``first`` (encoder and path loaded), each further one in ``out/distillation_W`` from the same
-    start and seed, as long as what is left of the time budget is at least as long as the first run took."""
+    start and seed, when the first training's deep part trails the path on the tuning split (the
+    :class:`PathLead`, also returned; None with one weight) and what is left of the time budget is at least as
+    long as the first run took."""
     start = {k: v.detach().clone() for k, v in first.state_dict().items()}
     runs = [_train_deep(config, first, new_task, out, train, tuning, stage_started, config.resume)]
+    lead = _path_lead(runs[0], tuning) if len(weights) > 1 else None
     for weight in weights[1:]:
+        if lead is not None and not lead.path_leads:
+            log.info(
+                "finetune: no training at sparse_time_distillation=%g: the deep part trained on labels alone "
+                "scores tuning macro AP %.4f, the path alone %.4f; distilling the weaker learner into the "
+                "stronger one does not help",
+                weight,
+                lead.deep_macro_ap,
+                lead.path_macro_ap,
+            )
+            break
         left = budget_left(config.trainer, stage_started)
         fits = bool(runs[0].trainer.strategy.broadcast(room_for_another(left, runs[0].report["train_seconds"]), src=0))
         if not fits:
@@ -321,7 +338,16 @@ def _train_candidates(
         where = out / f"distillation_{weight:g}"
         resume = "last" if config.resume and (where / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT).exists() else ""
         runs.append(_train_deep(config, task, new_task, where, train, tuning, stage_started, resume))
-    return runs
+    return runs, lead
+
+
+def _path_lead(run: DeepRun, tuning: SplitData) -> PathLead:
+    """The first training's deep part against the path alone on the tuning split (deterministic, so every DDP
+    rank decides alike)."""
+    deep, path = deep_and_path_tuning_probs(
+        run.task.model, tuning.seqs, tuning.samples, run.trainer.strategy.root_device
+    )
+    return path_leads(tuning.y, deep, path)
 
 
 def _train_deep(
@@ -366,7 +392,9 @@ def _train_deep(
     return DeepRun(weight, task, trainer, val_loader, report)
 
 
-def _choose_run(runs: list[DeepRun], weights: tuple[float, ...], tuning: SplitData) -> tuple[DeepRun, dict]:
+def _choose_run(
+    runs: list[DeepRun], weights: tuple[float, ...], tuning: SplitData, lead: PathLead | None
+) -> tuple[DeepRun, dict]:
     """The run kept by :func:`~behrt_rope.training.distillation_choice.choose_weight` from the deep parts'
     tuning scores, and what ``metrics.json`` records of the choice (nothing to choose with one weight set)."""
     if len(weights) == 1:
@@ -395,6 +423,7 @@ def _choose_run(runs: list[DeepRun], weights: tuple[float, ...], tuning: SplitDa
         "distillation_choice": {
             "weights_tried": list(probs),
             "weights_not_tried": list(weights[len(runs) :]),
+            "first_training_against_path": lead.report() if lead is not None else None,
             "tuning_deep_macro_ap": {f"{w:g}": ap for w, ap in choice.macro_ap.items()},
             "preferred_weight": PREFERRED_WEIGHT,
             "tuning_deep_macro_ap_minus_preferred": {

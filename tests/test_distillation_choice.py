@@ -1,4 +1,5 @@
-"""``finetune`` with ``sparse_time_distillation`` null: one training per weight, the better deep part kept."""
+"""``finetune`` with ``sparse_time_distillation`` null: a second training only where the path leads the first
+deep part and the budget has room, then the better deep part kept."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.distillation_choice import (
     DISTILLATION_GRID,
     PREFERRED_WEIGHT,
+    PathLead,
     choose_weight,
-    deep_tuning_probs,
+    deep_and_path_tuning_probs,
+    path_leads,
 )
 from behrt_rope.training.inference import multilabel_model
 from behrt_rope.training.tasks import macro_average_precision
@@ -33,20 +36,37 @@ def _finetune(etl: Path, out: Path, *overrides: str) -> int:
     return main([*argv, *TINY_MODEL, *FAST_TRAINER, *overrides])
 
 
-def _saved_deep_part_tuning_ap(etl: Path, out: Path) -> float:
-    """Macro AP of the saved model's deep part on the tuning split, scored afresh from the saved files."""
+def _saved_parts_tuning_ap(etl: Path, out: Path) -> tuple[float, float]:
+    """Macro AP of the saved model's deep part and of its path on the tuning split, scored afresh from the files."""
     bundle = load_bundle(out, "multilabel")
     seqs = load_tokens(etl).split(S.TUNING)
     samples = build_samples(seqs, TaskConfig(min_label_count=2))
     y = targets(seqs, samples, label_index(bundle["label_token_ids"], len(bundle["vocab"])))
-    return round(macro_average_precision(y, deep_tuning_probs(multilabel_model(bundle), seqs, samples)), 5)
+    deep, path = deep_and_path_tuning_probs(multilabel_model(bundle), seqs, samples)
+    return round(macro_average_precision(y, deep), 5), round(macro_average_precision(y, path), 5)
 
 
-def test_by_default_both_weights_train_and_the_saved_model_is_the_better_deep_part(etl: Path, tmp_path: Path) -> None:
+def _gate(monkeypatch: pytest.MonkeyPatch, forced: PathLead) -> list[PathLead]:
+    """Make ``finetune``'s path-lead check return ``forced``; the list receives what the real check found."""
+    seen: list[PathLead] = []
+
+    def spy(y: np.ndarray, deep: np.ndarray, path: np.ndarray) -> PathLead:
+        seen.append(path_leads(y, deep, path))
+        return forced
+
+    monkeypatch.setattr("pipelines.finetune.path_leads", spy)
+    return seen
+
+
+def test_where_the_path_leads_both_weights_train_and_the_saved_model_is_the_better_deep_part(
+    etl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _gate(monkeypatch, PathLead(0.1, 0.2))
     out = tmp_path / "ft"
     assert _finetune(etl, out) == 0
     metrics = read_metrics(out)
     choice = metrics["distillation_choice"]
+    assert choice["first_training_against_path"] == {"deep_macro_ap": 0.1, "path_macro_ap": 0.2, "path_leads": True}
     scores = choice["tuning_deep_macro_ap"]
     assert choice["weights_tried"] == list(DISTILLATION_GRID) and choice["weights_not_tried"] == []
     assert set(scores) == {"0", "0.8"} and scores["0"] != scores["0.8"]  # two different trainings
@@ -56,11 +76,32 @@ def test_by_default_both_weights_train_and_the_saved_model_is_the_better_deep_pa
     assert over["difference"] == pytest.approx(scores["0"] - scores["0.8"], abs=2e-5)
     chosen = 0.0 if over["low"] > 0 else 0.8  # labels alone only when clearly better
     assert metrics["sparse_time_distillation"] == chosen
-    assert _saved_deep_part_tuning_ap(etl, out) == pytest.approx(scores[f"{chosen:g}"], abs=2e-5)
+    saved_deep, saved_path = _saved_parts_tuning_ap(etl, out)
+    assert saved_deep == pytest.approx(scores[f"{chosen:g}"], abs=2e-5)
+    # the real check compared the first training's deep part with the path (frozen, the same in both runs)
+    (real,) = seen
+    assert real.deep_macro_ap == pytest.approx(scores["0"], abs=2e-5)
+    assert real.path_macro_ap == pytest.approx(saved_path, abs=2e-5)
     second = out / "distillation_0.8" / S.CHECKPOINT_DIR / S.BEST_CHECKPOINT
     assert second.exists()
     assert choice["runs"]["0.8"]["best_checkpoint"] == str(second)
     assert metrics["best_checkpoint"] == choice["runs"][f"{chosen:g}"]["best_checkpoint"]
+
+
+def test_where_the_first_deep_part_leads_the_path_it_stands_without_a_second_training(
+    etl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _gate(monkeypatch, PathLead(0.3, 0.2))
+    budget_asked: list[float | None] = []
+    monkeypatch.setattr("pipelines.finetune.room_for_another", lambda left, first: budget_asked.append(left) or True)
+    out = tmp_path / "ft"
+    assert _finetune(etl, out) == 0
+    metrics = read_metrics(out)
+    choice = metrics["distillation_choice"]
+    assert metrics["sparse_time_distillation"] == 0.0
+    assert choice["weights_tried"] == [0.0] and choice["weights_not_tried"] == [0.8]
+    assert choice["first_training_against_path"] == {"deep_macro_ap": 0.3, "path_macro_ap": 0.2, "path_leads": False}
+    assert not (out / "distillation_0.8").exists() and budget_asked == []  # decided before the budget is asked
 
 
 def test_without_room_in_the_time_budget_the_first_run_stands(
@@ -73,6 +114,7 @@ def test_without_room_in_the_time_budget_the_first_run_stands(
         return False
 
     monkeypatch.setattr("pipelines.finetune.room_for_another", no_room)
+    _gate(monkeypatch, PathLead(0.1, 0.2))
     out = tmp_path / "ft"
     assert _finetune(etl, out) == 0
     metrics = read_metrics(out)
