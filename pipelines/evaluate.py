@@ -549,7 +549,55 @@ def _run_info(config: Config, bundle: dict[str, Any], task: TaskConfig, choices:
         if GBM in choices
         else "off",
         "sparse time regression": _sparse_time_info(choices[SPARSE_TIME]) if SPARSE_TIME in choices else "off",
+        **({"fine-tuning": _finetune_info(trained)} if (trained := _finetune_metrics(config.model)) else {}),
     }
+
+
+def _finetune_metrics(model_dir: str) -> dict[str, Any] | None:
+    """The fine-tuning run's ``metrics.json`` in ``model_dir``, or None (a bundle copied without it)."""
+    path = Path(model_dir) / S.METRICS_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _finetune_info(metrics: dict[str, Any]) -> str:
+    """The report's run-info line on how the model was fine-tuned: epochs, the path's share and the
+    distillation weight kept, with why (``finetune``'s ``metrics.json``).
+
+    >>> m = {"epochs": 20, "best_epoch": 14, "sparse_time_share": 0.6, "sparse_time_distillation": 0.0,
+    ...      "distillation_choice": {"weights_tried": [0.0], "weights_not_tried": [0.8],
+    ...      "first_training_against_path": {"deep_macro_ap": 0.25, "path_macro_ap": 0.24, "path_leads": False}}}
+    >>> _finetune_info(m).split("; ")
+    ['20 epochs (best 14)', 'sparse time path share 0.6', 'distillation weight 0 (no training at 0.8: the deep part \
+led the path on the tuning split, macro AP 0.2500 against 0.2400)']
+    >>> m["distillation_choice"]["first_training_against_path"]["path_leads"] = True
+    >>> _finetune_info(m).split("; ")[-1]
+    'distillation weight 0 (no training at 0.8: the time budget had no room for it)'
+    >>> _finetune_info({"epochs": 3, "sparse_time_distillation": 0.5})
+    '3 epochs; distillation weight 0.5 (set)'
+    """
+    parts = [f"{metrics.get('epochs')} epochs" + (f" (best {b})" if (b := metrics.get("best_epoch")) else "")]
+    if "sparse_time_share" in metrics:
+        parts.append(f"sparse time path share {metrics['sparse_time_share']:g}")
+    if "sparse_time_distillation" in metrics:
+        parts.append(f"distillation weight {metrics['sparse_time_distillation']:g}" + _why_weight(metrics))
+    return "; ".join(parts)
+
+
+def _why_weight(metrics: dict[str, Any]) -> str:
+    """Why the distillation weight was kept, from ``distillation_choice`` ('' when it was set)."""
+    choice = metrics.get("distillation_choice")
+    if not choice:
+        return " (set)"
+    if len(choice["weights_tried"]) > 1:
+        return f" (kept of {', '.join(f'{w:g}' for w in choice['weights_tried'])} by the tuning split)"
+    untried = ", ".join(f"{w:g}" for w in choice["weights_not_tried"])
+    lead = choice.get("first_training_against_path")
+    if lead and not lead["path_leads"]:
+        return (
+            f" (no training at {untried}: the deep part led the path on the tuning split, macro AP "
+            f"{lead['deep_macro_ap']:.4f} against {lead['path_macro_ap']:.4f})"
+        )
+    return f" (no training at {untried}: the time budget had no room for it)"
 
 
 def _log_headline(

@@ -101,6 +101,8 @@ def test_evaluate_writes_metrics_and_a_readable_report(visits_run):
     assert f"({gbm['setting']} regularisation, tuning split)" in html
     assert "Gradient boosting on time features" in html and "Against the reference models" in html
     assert f"{metrics['model']['overall']['macro_ap']:.3f}" in html  # the headline number is the one computed
+    trained = read_metrics(d["ft"])  # how the model was fine-tuned, as its run recorded it
+    assert f"{trained['epochs']} epochs" in html and "distillation weight 0 (set)" in html
     assert (d["eval"] / S.PLOTS_DIR).is_dir()
 
 
