@@ -560,8 +560,8 @@ def _finetune_metrics(model_dir: str) -> dict[str, Any] | None:
 
 
 def _finetune_info(metrics: dict[str, Any]) -> str:
-    """The report's run-info line on how the model was fine-tuned: epochs, the path's share and the
-    distillation weight kept, with why (``finetune``'s ``metrics.json``).
+    """The report's run-info line on how the model was fine-tuned: epochs (and the checkpoint soup when it was
+    kept), the path's share and the distillation weight kept, with why (``finetune``'s ``metrics.json``).
 
     >>> m = {"epochs": 20, "best_epoch": 14, "sparse_time_share": 0.6, "sparse_time_distillation": 0.0,
     ...      "distillation_choice": {"weights_tried": [0.0], "weights_not_tried": [0.8],
@@ -574,8 +574,13 @@ led the path on the tuning split, macro AP 0.2500 against 0.2400)']
     'distillation weight 0 (no training at 0.8: the time budget had no room for it)'
     >>> _finetune_info({"epochs": 3, "sparse_time_distillation": 0.5})
     '3 epochs; distillation weight 0.5 (set)'
+    >>> _finetune_info({"epochs": 20, "best_epoch": 10, "checkpoint_soup": {"epochs": [10, 15, 14], "kept": True}})
+    '20 epochs (weights averaged over epochs 10, 15, 14)'
     """
-    parts = [f"{metrics.get('epochs')} epochs" + (f" (best {b})" if (b := metrics.get("best_epoch")) else "")]
+    soup = metrics.get("checkpoint_soup") or {}
+    kept = f" (weights averaged over epochs {', '.join(map(str, soup['epochs']))})" if soup.get("kept") else ""
+    best = f" (best {metrics['best_epoch']})" if metrics.get("best_epoch") and not kept else ""
+    parts = [f"{metrics.get('epochs')} epochs{kept or best}"]
     if "sparse_time_share" in metrics:
         parts.append(f"sparse time path share {metrics['sparse_time_share']:g}")
     if "sparse_time_distillation" in metrics:
