@@ -342,12 +342,12 @@ def _train_candidates(
 
 
 def _path_lead(run: DeepRun, tuning: SplitData) -> PathLead:
-    """The first training's deep part against the path alone on the tuning split (deterministic, so every DDP
+    """The first training's deep part against the path alone on the tuning split (rank 0's, so that every DDP
     rank decides alike)."""
     deep, path = deep_and_path_tuning_probs(
         run.task.model, tuning.seqs, tuning.samples, run.trainer.strategy.root_device
     )
-    return path_leads(tuning.y, deep, path)
+    return run.trainer.strategy.broadcast(path_leads(tuning.y, deep, path), src=0)
 
 
 def _train_deep(
