@@ -39,6 +39,10 @@ def test_finetune_ddp_gloo_on_two_cpu_processes(tmp_path: Path) -> None:
     metrics = read_metrics(out)
     assert metrics["steps"] == 4 and math.isfinite(metrics["tuning_macro_ap"]) and math.isfinite(metrics["tuning_loss"])
     assert (out / S.LOG_FILE).read_text().count("tuning macro AP") == 1  # metrics and model.pt from rank 0 only
+    choice = metrics["distillation_choice"]  # the ranks took one decision on the second training
+    lead = choice["first_training_against_path"]
+    assert lead["path_leads"] == (lead["path_macro_ap"] > lead["deep_macro_ap"])
+    assert (0.8 in choice["weights_tried"]) <= lead["path_leads"]  # a second training only where the path leads
     bundle = load_bundle(out, "multilabel")
     assert bundle["model_config"].hidden_size == 16 and len(bundle["labels"]) == metrics["labels"]
     # the DDP-trained model scores new histories like any other
