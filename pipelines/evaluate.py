@@ -572,8 +572,10 @@ led the path on the tuning split, macro AP 0.2500 against 0.2400)']
     >>> m["distillation_choice"]["first_training_against_path"]["path_leads"] = True
     >>> _finetune_info(m).split("; ")[-1]
     'distillation weight 0 (no training at 0.8: the time budget had no room for it)'
-    >>> _finetune_info({"epochs": 3, "sparse_time_distillation": 0.5})
-    '3 epochs; distillation weight 0.5 (set)'
+    >>> _finetune_info({"epochs": 3, "sparse_time_share": 0.5, "sparse_time_distillation": 0.5, "tuning_samples": 9})
+    '3 epochs; sparse time path share 0.5; distillation weight 0.5 (set)'
+    >>> _finetune_info({"epochs": 3, "sparse_time_distillation": 0.0})  # no path: nothing to distil
+    '3 epochs'
     >>> _finetune_info({"epochs": 20, "best_epoch": 10, "checkpoint_soup": {"epochs": [10, 15, 14], "kept": True}})
     '20 epochs (weights averaged over epochs 10, 15, 14)'
     """
@@ -583,16 +585,16 @@ led the path on the tuning split, macro AP 0.2500 against 0.2400)']
     parts = [f"{metrics.get('epochs')} epochs{kept or best}"]
     if "sparse_time_share" in metrics:
         parts.append(f"sparse time path share {metrics['sparse_time_share']:g}")
-    if "sparse_time_distillation" in metrics:
+    if "sparse_time_share" in metrics and "sparse_time_distillation" in metrics:  # only a model with the path
         parts.append(f"distillation weight {metrics['sparse_time_distillation']:g}" + _why_weight(metrics))
     return "; ".join(parts)
 
 
 def _why_weight(metrics: dict[str, Any]) -> str:
-    """Why the distillation weight was kept, from ``distillation_choice`` ('' when it was set)."""
+    """Why the distillation weight was kept, from ``distillation_choice`` (absent: set, or no tuning split)."""
     choice = metrics.get("distillation_choice")
     if not choice:
-        return " (set)"
+        return " (set)" if metrics.get("tuning_samples") else " (no tuning split to choose on)"
     if len(choice["weights_tried"]) > 1:
         return f" (kept of {', '.join(f'{w:g}' for w in choice['weights_tried'])} by the tuning split)"
     untried = ", ".join(f"{w:g}" for w in choice["weights_not_tried"])

@@ -107,7 +107,7 @@ class PathLead:
 def path_leads(y: np.ndarray, deep: np.ndarray, path: np.ndarray) -> PathLead:
     """Tuning macro AP of the first training's deep part and of the path alone (``(N, L)`` probabilities each,
     ``y`` the ``(N, L)`` targets), rounded to 5 digits. The point estimates decide: where the two are close,
-    distillation leaves the model level either way (thirty-sixth round), so only a clear lead of either matters.
+    distillation leaves the model about level either way (thirty-sixth round), so a close call costs little.
 
     >>> y = np.array([[1, 0], [0, 1], [1, 1], [0, 0]])
     >>> good, poor = np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.6], [0.1, 0.2]]), np.full((4, 2), 0.5)
