@@ -42,6 +42,7 @@ from behrt_rope.training.distillation_choice import (
     CHOICE_LEVEL,
     PREFERRED_WEIGHT,
     PathLead,
+    WeightChoice,
     candidate_weights,
     choose_weight,
     deep_and_path_tuning_probs,
@@ -399,18 +400,22 @@ def _choose_run(
     tuning scores, and what ``metrics.json`` records of the choice (nothing to choose with one weight set)."""
     if len(weights) == 1:
         return runs[0], {"sparse_time_distillation": weights[0]}
-    probs = {
-        run.distillation: deep_tuning_probs(
-            run.task.model, tuning.seqs, tuning.samples, run.trainer.strategy.root_device
-        )
-        for run in runs
-    }
-    choice = choose_weight(tuning.y, probs, tuning.samples.rows)
-    chosen = runs[list(probs).index(choice.weight)]
+    if len(runs) == 1 and lead is not None:  # one training: nothing to compare, its score is the path check's
+        choice = WeightChoice(runs[0].distillation, {runs[0].distillation: lead.deep_macro_ap}, {})
+    else:
+        probs = {
+            run.distillation: deep_tuning_probs(
+                run.task.model, tuning.seqs, tuning.samples, run.trainer.strategy.root_device
+            )
+            for run in runs
+        }
+        choice = choose_weight(tuning.y, probs, tuning.samples.rows)
+    tried = [run.distillation for run in runs]
+    chosen = runs[tried.index(choice.weight)]
     log.info(
         "finetune: sparse time distillation weights %s, macro AP of the deep part alone on the tuning split %s%s: "
         "keeping %g",
-        list(probs),
+        tried,
         list(choice.macro_ap.values()),
         "".join(
             f"; {w:g} minus {PREFERRED_WEIGHT:g}: {d:+.4f} ({lo:+.4f} to {hi:+.4f})"
@@ -421,7 +426,7 @@ def _choose_run(
     report = {
         "sparse_time_distillation": chosen.distillation,
         "distillation_choice": {
-            "weights_tried": list(probs),
+            "weights_tried": tried,
             "weights_not_tried": list(weights[len(runs) :]),
             "first_training_against_path": lead.report() if lead is not None else None,
             "tuning_deep_macro_ap": {f"{w:g}": ap for w, ap in choice.macro_ap.items()},
