@@ -27,9 +27,11 @@ clinical cohorts are also measured against the record oracle of their held-out p
 (``synthetic_data/record_oracle.py``: the best prediction from the recorded history alone, the ceiling a model
 can reach; about 15 minutes of one core per 3,600 patients at N = 1000): ``gap_closed_record`` per predictor.
 With ``--reach`` the recurrence cohorts also fit the generator's own form on the same train patients
-(``benchmarks/recurrence_ceiling.py``; its shapes told, and learned from bins, both fits on one simulation;
-about 20 CPU s on a sparse cohort): how much of the gap a learner that knew the equations closes from the same
-data (``reach``, and a table of its own).
+(``benchmarks/recurrence_ceiling.py``; its shapes told, and learned from bins, each read on the predicted
+visit's day and on the cut's, all four fits on one simulation): how much of the gap a learner that knew the
+equations closes from the same data (``reach``, and a table of its own). Read on the predicted visit's day
+the fit is told when that visit falls, which no prediction is; read on the cut's, it is not: the two bound
+what such a learner reaches.
 With ``--markdown FILE`` it also writes the tables that ``docs/benchmarks.md`` shows.
 
 The cohorts differ in structure, and their seeds are ones the defaults were never tuned on:
@@ -272,17 +274,33 @@ def run_cohort(
 def fitted_form_reach(cohort: Path, etl: Path, metrics: dict[str, Any], labels: list[str]) -> dict[str, Any]:
     """How far a learner that knew the recurrence generator's equations gets from the same train patients
     (``benchmarks/recurrence_ceiling.py``): its form fitted with the catalogue's shapes told (``true_shapes``)
-    and with the shapes learned from bins (``binned_shapes``), each scored by :func:`reach_share` against the
-    evaluation's tuned logistic regression and oracle (``metrics``) over the model's ``labels``."""
+    and with the shapes learned from bins (``binned_shapes``), each read on the predicted visit's day (generous:
+    it is told that day) and on the cut's (``..._at_cut``: what a learner of the record knows), each scored by
+    :func:`reach_share` against the evaluation's tuned logistic regression and oracle (``metrics``) over the
+    model's ``labels``."""
     cfg = config_lib.build(SynthConfig, config_lib.load_yaml(cohort / S.RESOLVED_CONFIG_FILE)["synth"])
     predictors = metrics["ceiling"]["predictors"]
     low, high = (predictors[p]["overall"]["macro_ap"] for p in ("logistic_regression", "oracle"))
     cpu = time.process_time()
-    fits = fitted_forms(cfg, etl, ("true", "binned"))
+    fits = fitted_forms(cfg, etl, REACH_FITS)
     cpu_s = round(time.process_time() - cpu, 1)
-    return {f"{shapes}_shapes": reach_share(fit["per_code"], labels, low, high) for shapes, fit in fits.items()} | {
+    return {_reach_key(shapes): reach_share(fit["per_code"], labels, low, high) for shapes, fit in fits.items()} | {
         "cpu_s": cpu_s
     }
+
+
+REACH_FITS = ("true", "binned", "true_at_cut", "binned_at_cut")
+"""The fitted forms ``--reach`` runs (keys of ``recurrence_ceiling.SHAPES``)."""
+
+
+def _reach_key(shapes: str) -> str:
+    """``metrics`` key of a fitted form: ``true_shapes``, ``binned_shapes_at_cut``, ...
+
+    >>> [_reach_key(s) for s in REACH_FITS]
+    ['true_shapes', 'binned_shapes', 'true_shapes_at_cut', 'binned_shapes_at_cut']
+    """
+    kind, _, at = shapes.partition("_")
+    return f"{kind}_shapes" + (f"_{at}" if at else "")
 
 
 def reach_share(per_code: dict[str, dict[str, float]], labels: list[str], low: float, high: float) -> dict[str, Any]:
@@ -458,13 +476,20 @@ def _reach_table(cohorts: dict[str, Any]) -> str:
     """Gap closed at the oracle's cuts by the model and by the generator's own form fitted on the same patients
     (``--reach``), and the model's share of that form's."""
     lines = [
-        "| cohort | model | fitted form, shapes told | fitted form, shapes from bins | model / told form |",
-        "|---|---:|---:|---:|---:|",
+        "| cohort | model | fitted form, shapes told | fitted form, shapes from bins | model / told form "
+        "| the same two read at the cut (told / bins) | model / told form at the cut |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for cohort, r in cohorts.items():
         model = r["at_oracle_cuts"]["model"]["gap_closed"]["point"]
         told, binned = (r["reach"][f"{shapes}_shapes"]["gap_closed"] for shapes in ("true", "binned"))
-        lines.append(f"| {cohort} | {model:.0%} | {told:.0%} | {binned:.0%} | {model / told:.0%} |")
+        at_cut = [r["reach"].get(f"{shapes}_shapes_at_cut", {}).get("gap_closed") for shapes in ("true", "binned")]
+        cut_text, cut_share = "—", "—"
+        if None not in at_cut:
+            cut_text, cut_share = f"{at_cut[0]:.0%} / {at_cut[1]:.0%}", f"{model / at_cut[0]:.0%}"
+        lines.append(
+            f"| {cohort} | {model:.0%} | {told:.0%} | {binned:.0%} | {model / told:.0%} | {cut_text} | {cut_share} |"
+        )
     return "\n".join(lines) + "\n"
 
 

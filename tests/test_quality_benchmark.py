@@ -19,7 +19,7 @@ from benchmarks.quality import (
     write_record_oracle,
 )
 from benchmarks.quality import main as quality_main
-from benchmarks.recurrence_ceiling import fitted_forms
+from benchmarks.recurrence_ceiling import FEATURES, at_cut, collect, design, fitted_forms
 from synthetic_data.generator import SynthConfig
 
 
@@ -169,25 +169,44 @@ def test_reach_fits_the_generator_s_form_on_the_train_patients_and_scores_it_ove
     metrics = {"ceiling": {"predictors": {"logistic_regression": {"overall": {"macro_ap": low}},
                                           "oracle": {"overall": {"macro_ap": high}}}}}  # fmt: skip
     reach = fitted_form_reach(cohort, etl, metrics, labels)
-    assert set(reach) == {"true_shapes", "binned_shapes", "cpu_s"}
-    for entry in (reach["true_shapes"], reach["binned_shapes"]):
+    fits = ("true_shapes", "binned_shapes", "true_shapes_at_cut", "binned_shapes_at_cut")
+    assert set(reach) == {*fits, "cpu_s"}
+    for entry in (reach[fit] for fit in fits):
         assert 1 <= entry["codes"] <= 10  # only the model's labels (those with a positive at the cuts)
         assert 0.0 <= entry["macro_ap"] <= 1.0
         assert entry["gap_closed"] == pytest.approx((entry["macro_ap"] - low) / (high - low), abs=1e-3)
-    assert reach["true_shapes"]["macro_ap"] != reach["binned_shapes"]["macro_ap"]  # two different designs
+    assert len({reach[fit]["macro_ap"] for fit in fits}) == 4  # four different designs
     # the two fits share one simulation: the binned fit alone (its own simulation) is the same fit
     alone = fitted_forms(SynthConfig(patients=400, seed=5, process="recurrence"), etl, ("binned",))["binned"]
     both = fitted_forms(SynthConfig(patients=400, seed=5, process="recurrence"), etl, ("true", "binned"))
     assert alone == both["binned"] and both["true"]["per_code"] != alone["per_code"]
 
 
+def test_the_fit_at_the_cut_reads_the_cut_s_day_and_nothing_else_changes():
+    """Read at the cut, the day-dependent columns (age bump, duration, trigger ramps) are those of the visit
+    before; what the record holds at the cut (seen, counts, recency, follow-up) is the same as at the visit."""
+    cfg = SynthConfig(patients=300, seed=7, process="recurrence")
+    _, _, (on_visit_day, on_cut_day), _, _ = collect(cfg, design, at_cut(design))
+    day_free = [FEATURES.index(f) for f in ("female", "visit_count", "seen", "count", "recency", "followup")]
+    np.testing.assert_array_equal(on_visit_day[..., day_free], on_cut_day[..., day_free])
+    age, duration = FEATURES.index("age_bump"), FEATURES.index("duration")
+    assert not np.allclose(on_visit_day[..., age], on_cut_day[..., age])
+    seen = on_visit_day[..., FEATURES.index("seen")] > 0
+    before, at_visit = on_cut_day[..., duration][seen], on_visit_day[..., duration][seen]
+    assert (before <= at_visit + 1e-12).all() and (before < at_visit).any()  # fewer years since first on the cut's day
+
+
 def test_reach_table_reads_the_model_s_share_of_the_told_form_s_gap():
     cuts = {"n_samples": 100, "model": _entry(0.72, None, None), "oracle": _entry(1.0, None, None)}
-    reach = {"true_shapes": {"gap_closed": 0.9}, "binned_shapes": {"gap_closed": 0.75}}
+    reach = {"true_shapes": {"gap_closed": 0.9}, "binned_shapes": {"gap_closed": 0.75},
+             "true_shapes_at_cut": {"gap_closed": 0.8}, "binned_shapes_at_cut": {"gap_closed": 0.7}}  # fmt: skip
     cohort = {"patients": 8000, "tokens_per_patient": 20.0, "at_oracle_cuts": cuts, "all_held_out": ALL_HELD_OUT,
               "train_cpu_s": 200.0, "train_wall_s": 210.0}  # fmt: skip
     tables = markdown({"cohorts": {"recurrence_sparse": cohort | {"reach": reach}}}).split("\n\n")
-    assert "| recurrence_sparse | 72% | 90% | 75% | 80% |" in tables[2].splitlines()
+    assert "| recurrence_sparse | 72% | 90% | 75% | 80% | 80% / 70% | 90% |" in tables[2].splitlines()
+    earlier = {k: v for k, v in reach.items() if not k.endswith("_at_cut")}  # a run from before the cut's fits
+    old_tables = markdown({"cohorts": {"recurrence_sparse": cohort | {"reach": earlier}}}).split("\n\n")
+    assert "| recurrence_sparse | 72% | 90% | 75% | 80% | — | — |" in old_tables[2].splitlines()
     assert not any("shapes told" in t for t in markdown({"cohorts": {"recurrence_sparse": cohort}}).split("\n\n"))
 
 
