@@ -38,6 +38,9 @@ class ModelConfig:
     sex_embedding: bool = True
     """Add an embedding of the patient's recorded sex (female, male, other; ``unknown`` embeds to zero) to
     every token, beside its code, segment and age (``behrt_rope/etl/sex.py``)."""
+    visit_gap: bool = False
+    """Add an embedding of the days between a token's visit and the visit before it to every token
+    (``visit_gap.py``): a follow-up a week after a visit reads differently from a return after years."""
     position_encoding: Literal["rope", "absolute"] = "rope"
     """rope: rotate queries and keys; absolute: BEHRT's additive sinusoidal table (ablation)."""
     position_source: Literal["visit", "token", "age"] = "visit"

@@ -1,4 +1,5 @@
-"""The input embedding: code + segment + Time2Vec(age) + sex (+ a sinusoidal position table in the ablation)."""
+"""The input embedding: code + segment + Time2Vec(age) + sex (+ the days since the previous visit; + a sinusoidal
+position table in the ablation)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch.nn import functional as F
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.rope import sinusoidal_table
 from behrt_rope.model.time2vec import Time2Vec
+from behrt_rope.model.visit_gap import VisitGapEmbedding
 from behrt_rope.schema import N_SPECIAL, PAD_ID, SEX_VALUES
 
 
@@ -34,6 +36,7 @@ class BehrtEmbeddings(nn.Module):
         self.segment = nn.Embedding(config.num_segments, config.hidden_size)
         self.age = Time2Vec(config)
         self.sex = nn.Embedding(len(SEX_VALUES), config.hidden_size, padding_idx=0) if config.sex_embedding else None
+        self.visit_gap = VisitGapEmbedding(config) if config.visit_gap else None
         self.absolute = config.position_encoding == "absolute"
         if self.absolute:
             table = sinusoidal_table(config.max_positions, config.hidden_size)  # (max_positions, H)
@@ -49,6 +52,7 @@ class BehrtEmbeddings(nn.Module):
         segments: torch.Tensor,
         positions: torch.Tensor | None = None,
         sex: torch.Tensor | None = None,
+        visit_gap: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Embed one batch.
 
@@ -59,6 +63,8 @@ class BehrtEmbeddings(nn.Module):
             positions: ``(B, T)`` float positions; used (and required) only with
                 ``position_encoding="absolute"``.
             sex: ``(B, T)`` long sex ids (``schema.SEX_VALUES`` positions, 0 unknown), or None (all unknown).
+            visit_gap: ``(B, T)`` days since the previous visit and first-visit flags
+                (:func:`~behrt_rope.model.visit_gap.days_since_previous_visit`); used with ``config.visit_gap``.
 
         Returns:
             ``(B, T, H)``.
@@ -68,6 +74,10 @@ class BehrtEmbeddings(nn.Module):
         x = self.code(token_ids) * self.code_scale + self.segment(segments.long()) + self.age(ages)  # (B, T, H)
         if self.sex is not None and sex is not None:
             x = x + self.sex(sex.long())  # (B, T, H)
+        if self.visit_gap is not None:
+            if visit_gap is None:
+                raise ValueError("model.visit_gap needs the days since the previous visit")
+            x = x + self.visit_gap(*visit_gap)  # (B, T, H)
         if self.absolute:
             if positions is None:
                 raise ValueError("position_encoding='absolute' needs positions")

@@ -18,9 +18,9 @@ from behrt_rope.model.attention import SelfAttention, key_padding_mask, visit_ca
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.embeddings import BehrtEmbeddings
 from behrt_rope.model.rope import per_head_angles, rope_angles
+from behrt_rope.model.visit_gap import DAYS_PER_YEAR, days_since_previous_visit
 from behrt_rope.schema import PAD_ID
 
-DAYS_PER_YEAR = 365.25
 INIT_STD = 0.02
 """Standard deviation of the normal initialisation of linear and embedding weights, as in BERT."""
 
@@ -144,6 +144,8 @@ class BehrtEncoder(nn.Module):
         if config.scale_code_embedding:  # Time2Vec's projection at the scale of one input feature
             with torch.no_grad():
                 self.embeddings.age.proj.weight.div_(math.sqrt(config.time2vec_periodic + 1))
+        if self.embeddings.visit_gap is not None:
+            self.embeddings.visit_gap.reset_to_zero()
 
     def forward(
         self,
@@ -174,7 +176,8 @@ class BehrtEncoder(nn.Module):
         if attention_mask is None:
             attention_mask = token_ids != PAD_ID
         positions = positions_for(self.config, visit_index, ages)  # (B, T) float32
-        x = self.embeddings(token_ids, ages, segments, positions, sex)  # (B, T, H)
+        gap = days_since_previous_visit(ages, visit_index, attention_mask) if self.config.visit_gap else None
+        x = self.embeddings(token_ids, ages, segments, positions, sex, gap)  # (B, T, H)
         cos = sin = None
         if self.config.position_encoding == "rope":
             # One pair of tables per forward, shared by every block.

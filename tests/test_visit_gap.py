@@ -1,0 +1,72 @@
+"""The days-since-the-previous-visit input (``model.visit_gap``): its values, that it starts as no input,
+that it moves only the tokens of the visit whose gap changed, and that visit-causal encoding still reads
+nothing of later visits."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from behrt_rope.model.config import ModelConfig
+from behrt_rope.model.encoder import BehrtEncoder
+from behrt_rope.model.visit_gap import DAYS_PER_YEAR, days_since_previous_visit
+
+# two patients: [CLS] v0 v0 [SEP] v1 [SEP] v2 v2 [SEP], and a shorter one padded
+VISITS = torch.tensor([[0, 0, 0, 0, 1, 1, 2, 2, 2], [0, 0, 0, 1, 1, 0, 0, 0, 0]])
+MASK = torch.tensor([[True] * 9, [True] * 5 + [False] * 4])
+VISIT_AGES = [[40.0, 40.1, 43.0], [7.0, 7.02]]
+
+
+def _ages() -> torch.Tensor:
+    ages = torch.zeros(VISITS.shape)
+    for b, visit_ages in enumerate(VISIT_AGES):
+        for t in range(VISITS.shape[1]):
+            if MASK[b, t]:
+                ages[b, t] = visit_ages[int(VISITS[b, t])]
+    return ages
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    ids = torch.tensor([[1, 5, 6, 2, 7, 2, 8, 9, 2], [1, 5, 2, 6, 2, 0, 0, 0, 0]])
+    return {"token_ids": ids, "ages": _ages(), "segments": VISITS % 2, "visit_index": VISITS, "attention_mask": MASK}
+
+
+def test_days_are_the_gap_from_the_visit_before_and_zero_on_first_visits_and_padding():
+    days, first = days_since_previous_visit(_ages(), VISITS, MASK)
+    expected = np.zeros(VISITS.shape)
+    for b, visit_ages in enumerate(VISIT_AGES):
+        for t in range(VISITS.shape[1]):
+            v = int(VISITS[b, t])
+            if MASK[b, t] and v > 0:
+                expected[b, t] = (visit_ages[v] - visit_ages[v - 1]) * DAYS_PER_YEAR
+    np.testing.assert_allclose(days.numpy(), expected, rtol=1e-4)
+    assert round(float(days[1, 3])) == 7  # a follow-up a week later
+    assert first.tolist() == [[True] * 4 + [False] * 5, [True] * 3 + [False] * 2 + [True] * 4]
+
+
+def _encoders(seed: int = 0) -> tuple[BehrtEncoder, BehrtEncoder]:
+    torch.manual_seed(seed)
+    plain = BehrtEncoder(ModelConfig(vocab_size=12)).eval()
+    with_gap = BehrtEncoder(ModelConfig(vocab_size=12, visit_gap=True)).eval()
+    missing, unexpected = with_gap.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and missing and all(k.startswith("embeddings.visit_gap.") for k in missing)
+    return plain, with_gap
+
+
+def test_the_input_starts_at_zero_so_a_pre_trained_encoder_computes_the_same():
+    plain, with_gap = _encoders()
+    torch.testing.assert_close(with_gap(**_batch()), plain(**_batch()))
+
+
+def test_moving_a_visit_moves_only_its_tokens_and_later_ones_under_visit_causal_encoding():
+    _, encoder = _encoders()
+    with torch.no_grad():
+        torch.nn.init.normal_(encoder.embeddings.visit_gap.proj.weight, std=0.5)
+    batch = _batch()
+    moved = dict(batch, ages=batch["ages"].clone())
+    moved["ages"][0, VISITS[0] == 2] = 40.2  # the third visit 36 days after the second instead of ~3 years
+    before, after = (encoder(**b, visit_causal=True) for b in (batch, moved))
+    earlier = (VISITS[0] < 2) & MASK[0]
+    torch.testing.assert_close(after[0, earlier], before[0, earlier])  # nothing of a later visit leaks back
+    assert (after[0, VISITS[0] == 2] - before[0, VISITS[0] == 2]).abs().max() > 1e-3
+    torch.testing.assert_close(after[1], before[1])
