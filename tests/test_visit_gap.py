@@ -4,12 +4,16 @@ nothing of later visits."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 
+from behrt_rope import schema as S
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.encoder import BehrtEncoder
 from behrt_rope.model.visit_gap import DAYS_PER_YEAR, days_since_previous_visit
+from behrt_rope.training.bundle import load_bundle, save_bundle
 
 # two patients: [CLS] v0 v0 [SEP] v1 [SEP] v2 v2 [SEP], and a shorter one padded
 VISITS = torch.tensor([[0, 0, 0, 0, 1, 1, 2, 2, 2], [0, 0, 0, 1, 1, 0, 0, 0, 0]])
@@ -70,3 +74,15 @@ def test_moving_a_visit_moves_only_its_tokens_and_later_ones_under_visit_causal_
     torch.testing.assert_close(after[0, earlier], before[0, earlier])  # nothing of a later visit leaks back
     assert (after[0, VISITS[0] == 2] - before[0, VISITS[0] == 2]).abs().max() > 1e-3
     torch.testing.assert_close(after[1], before[1])
+
+
+def test_an_encoder_saved_before_the_input_loads_as_it_was(tmp_path):
+    plain = BehrtEncoder(ModelConfig(vocab_size=12))
+    save_bundle(tmp_path, "mlm", ModelConfig(vocab_size=12), plain.state_dict())
+    meta = json.loads((tmp_path / S.MODEL_META_FILE).read_text())
+    del meta["model_config"]["visit_gap"]  # a model.json written before the setting existed
+    (tmp_path / S.MODEL_META_FILE).write_text(json.dumps(meta))
+    (tmp_path / S.DONE_MARKER).write_text("pretrain")
+    bundle = load_bundle(tmp_path, "mlm")
+    assert bundle["model_config"].visit_gap is False
+    BehrtEncoder(bundle["model_config"]).load_state_dict(bundle["state_dict"], strict=True)

@@ -38,6 +38,7 @@ ADDED_LATER: dict[str, Any] = {
     "label_code_tie": False,
     "label_first_record": False,
     "sparse_time": False,
+    "visit_gap": False,
 }
 """ModelConfig fields added after format version 1, with the value that a ``model.json`` written before them
 means: the model as it was then (their current defaults would describe a different set of weights)."""
