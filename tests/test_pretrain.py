@@ -242,6 +242,9 @@ def golden_configs() -> tuple[TrainerConfig, ModelConfig]:
     model_config = ModelConfig(
         vocab_size=20, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, dropout=0.0, time2vec_periodic=4
     )
+    # the golden values were recorded before the visit-gap input (its parameters draw from the same seeded
+    # stream, so any added module moves every later initial weight); it has tests of its own
+    model_config.visit_gap = False
     return trainer_config, model_config
 
 

@@ -50,7 +50,7 @@ def test_days_are_the_gap_from_the_visit_before_and_zero_on_first_visits_and_pad
 
 def _encoders(seed: int = 0) -> tuple[BehrtEncoder, BehrtEncoder]:
     torch.manual_seed(seed)
-    plain = BehrtEncoder(ModelConfig(vocab_size=12)).eval()
+    plain = BehrtEncoder(ModelConfig(vocab_size=12, visit_gap=False)).eval()
     with_gap = BehrtEncoder(ModelConfig(vocab_size=12, visit_gap=True)).eval()
     missing, unexpected = with_gap.load_state_dict(plain.state_dict(), strict=False)
     assert not unexpected and missing and all(k.startswith("embeddings.visit_gap.") for k in missing)
@@ -77,8 +77,8 @@ def test_moving_a_visit_moves_only_its_tokens_and_later_ones_under_visit_causal_
 
 
 def test_an_encoder_saved_before_the_input_loads_as_it_was(tmp_path):
-    plain = BehrtEncoder(ModelConfig(vocab_size=12))
-    save_bundle(tmp_path, "mlm", ModelConfig(vocab_size=12), plain.state_dict())
+    before = ModelConfig(vocab_size=12, visit_gap=False)
+    save_bundle(tmp_path, "mlm", before, BehrtEncoder(before).state_dict())
     meta = json.loads((tmp_path / S.MODEL_META_FILE).read_text())
     del meta["model_config"]["visit_gap"]  # a model.json written before the setting existed
     (tmp_path / S.MODEL_META_FILE).write_text(json.dumps(meta))
