@@ -315,9 +315,11 @@ def test_weight_decay_groups_exclude_biases_norms_and_embeddings() -> None:
         assert (
             name.endswith("bias")
             or isinstance(owner(name), (torch.nn.LayerNorm, torch.nn.Embedding))
-            or (".age." in name)
-        ), name  # Time2Vec's own frequencies and phases
+            or ".age." in name
+            or name.endswith(("visit_gap.freq", "visit_gap.phase"))
+        ), name  # Time2Vec's and the visit gap's own frequencies and phases
     assert "encoder.embeddings.age.proj.weight" in decayed  # a linear layer, though under "embeddings"
+    assert "encoder.embeddings.visit_gap.proj.weight" in decayed
     assert "encoder.embeddings.code.weight" in kept  # the code table, tied to the decoder
     assert "encoder.blocks.0.ln1.weight" in kept
 
