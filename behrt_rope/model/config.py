@@ -43,7 +43,7 @@ class ModelConfig:
     (``visit_gap.py``): a follow-up a week after a visit reads differently from a return after years. On
     since session 45: tuning macro AP of the model +0.0018 and of the deep part alone +0.0027 on average over
     seven cohorts (the clinical ones most); held out level for the model and a little ahead for the deep part;
-    one small linear map per token (docs/benchmarks.md, "Forty-first round")."""
+    a training step's time unchanged within noise (docs/benchmarks.md, "Forty-first round")."""
     position_encoding: Literal["rope", "absolute"] = "rope"
     """rope: rotate queries and keys; absolute: BEHRT's additive sinusoidal table (ablation)."""
     position_source: Literal["visit", "token", "age"] = "visit"
