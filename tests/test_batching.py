@@ -316,10 +316,11 @@ def test_weight_decay_groups_exclude_biases_norms_and_embeddings() -> None:
             name.endswith("bias")
             or isinstance(owner(name), (torch.nn.LayerNorm, torch.nn.Embedding))
             or ".age." in name
-            or name.endswith(("visit_gap.freq", "visit_gap.phase"))
-        ), name  # Time2Vec's and the visit gap's own frequencies and phases
+            or ".visit_gap.log_gap." in name
+            or name.endswith("visit_gap.first_visit")
+        ), name  # Time2Vec's (age's and the visit gap's) own frequencies and phases, the first-visit vector
     assert "encoder.embeddings.age.proj.weight" in decayed  # a linear layer, though under "embeddings"
-    assert "encoder.embeddings.visit_gap.proj.weight" in decayed
+    assert "encoder.embeddings.visit_gap.log_gap.proj.weight" in decayed
     assert "encoder.embeddings.code.weight" in kept  # the code table, tied to the decoder
     assert "encoder.blocks.0.ln1.weight" in kept
 

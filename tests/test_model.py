@@ -272,7 +272,7 @@ def test_vocab_must_exceed_the_special_tokens() -> None:
 
 def test_time2vec() -> None:
     config = tiny_config(time2vec_periodic=3, age_scale=100.0)
-    t2v = Time2Vec(config)
+    t2v = Time2Vec.of_age(config)
     ages = torch.tensor([[0.0, 50.0, 100.0]])
     features = t2v.features(ages)
     assert features.shape == (1, 3, 4)

@@ -5,14 +5,16 @@ nothing of later visits."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
+import pytest
 import torch
 
 from behrt_rope import schema as S
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.encoder import BehrtEncoder
-from behrt_rope.model.visit_gap import DAYS_PER_YEAR, days_since_previous_visit
+from behrt_rope.model.visit_gap import DAYS_PER_YEAR, VisitGapEmbedding, days_since_previous_visit
 from behrt_rope.training.bundle import load_bundle, save_bundle
 
 # two patients: [CLS] v0 v0 [SEP] v1 [SEP] v2 v2 [SEP], and a shorter one padded
@@ -65,7 +67,7 @@ def test_the_input_starts_at_zero_so_a_pre_trained_encoder_computes_the_same():
 def test_moving_a_visit_moves_only_its_tokens_and_later_ones_under_visit_causal_encoding():
     _, encoder = _encoders()
     with torch.no_grad():
-        torch.nn.init.normal_(encoder.embeddings.visit_gap.proj.weight, std=0.5)
+        torch.nn.init.normal_(encoder.embeddings.visit_gap.log_gap.proj.weight, std=0.5)
     batch = _batch()
     moved = dict(batch, ages=batch["ages"].clone())
     moved["ages"][0, VISITS[0] == 2] = 40.2  # the third visit 36 days after the second instead of ~3 years
@@ -74,6 +76,22 @@ def test_moving_a_visit_moves_only_its_tokens_and_later_ones_under_visit_causal_
     torch.testing.assert_close(after[0, earlier], before[0, earlier])  # nothing of a later visit leaks back
     assert (after[0, VISITS[0] == 2] - before[0, VISITS[0] == 2]).abs().max() > 1e-3
     torch.testing.assert_close(after[1], before[1])
+
+
+def test_the_gap_embedding_is_time2vec_of_the_log_days_plus_a_first_visit_vector():
+    torch.manual_seed(0)
+    gap = VisitGapEmbedding(ModelConfig(vocab_size=12, hidden_size=8))
+    with torch.no_grad():
+        torch.nn.init.normal_(gap.log_gap.proj.weight)
+        gap.first_visit.normal_()
+    days, first = torch.tensor([[0.0, 30.0, 3650.0]]), torch.tensor([[True, False, False]])
+    t = torch.log1p(days) / math.log1p(3650.0)  # (1, 3) scaled log gap: 0 .. 1
+    w, b = gap.log_gap.periodic_weight, gap.log_gap.periodic_bias
+    features = torch.cat([t[..., None], torch.sin(t[..., None] * w + b)], dim=-1)  # linear w0 = 1, b0 = 0
+    expected = gap.log_gap.proj(features) + first[..., None] * gap.first_visit
+    torch.testing.assert_close(gap(days, first), expected)
+    assert gap.log_gap.periodic_weight[0].item() == pytest.approx(1.0)  # near-linear ...
+    assert gap.log_gap.periodic_weight[-1].item() == pytest.approx(8 * math.pi)  # ... to four swings over 0 .. 1
 
 
 def test_an_encoder_saved_before_the_input_loads_as_it_was(tmp_path):

@@ -34,7 +34,7 @@ class BehrtEmbeddings(nn.Module):
             raise ValueError(f"vocab_size {config.vocab_size} must exceed the {N_SPECIAL} special tokens")
         self.code = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=PAD_ID)
         self.segment = nn.Embedding(config.num_segments, config.hidden_size)
-        self.age = Time2Vec(config)
+        self.age = Time2Vec.of_age(config)
         self.sex = nn.Embedding(len(SEX_VALUES), config.hidden_size, padding_idx=0) if config.sex_embedding else None
         self.visit_gap = VisitGapEmbedding(config) if config.visit_gap else None
         self.absolute = config.position_encoding == "absolute"

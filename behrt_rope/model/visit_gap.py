@@ -7,9 +7,10 @@ after the last is usually a follow-up of what was recorded there, one after year
 each token also gets an embedding of ``log(1 + days since the previous visit)`` (zero with a first-visit
 flag on the first visit and ``[CLS]``), added to its code, segment and age embeddings.
 
-The features are ``k + 1`` Time2Vec-style functions of the scaled log gap (one linear, ``k`` periodic with
-learned frequencies and phases) and the first-visit flag; a linear map takes them to the hidden size. It
-starts at zero, so an encoder gains the input without its first steps changing what it computes.
+The log gap goes through its own :class:`~behrt_rope.model.time2vec.Time2Vec` (one linear and ``k`` periodic
+features with learned frequencies and phases, then a linear map to the hidden size); the first-visit flag adds
+a learned vector. Both start at zero, so an encoder gains the input without its first steps changing what it
+computes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from behrt_rope.model.config import ModelConfig
+from behrt_rope.model.time2vec import Time2Vec
 
 DAYS_PER_YEAR = 365.25
 """Days in a year of age (ages are in years)."""
@@ -67,20 +69,17 @@ class VisitGapEmbedding(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         # frequencies from 1 to 2 pi * 4 over the scaled log gap (0 .. ~1.1): from near-linear to a few swings
-        self.freq = nn.Parameter(torch.logspace(0.0, math.log10(8 * math.pi), GAP_PERIODIC))
-        self.phase = nn.Parameter(torch.rand(GAP_PERIODIC) * 2 * math.pi)
-        self.proj = nn.Linear(GAP_PERIODIC + 2, config.hidden_size)
+        self.log_gap = Time2Vec(GAP_PERIODIC, config.hidden_size, scale=LOG_GAP_SCALE, top_frequency=8 * math.pi)
+        self.first_visit = nn.Parameter(torch.zeros(config.hidden_size))  # added on first visits and [CLS]
 
     def reset_to_zero(self) -> None:
         """Start as no input at all (called after the encoder's initialisation)."""
         with torch.no_grad():
-            self.proj.weight.zero_()
-            self.proj.bias.zero_()
+            self.log_gap.proj.weight.zero_()
+            self.log_gap.proj.bias.zero_()
+            self.first_visit.zero_()
 
     def forward(self, days: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         """``(B, T)`` days and flags -> ``(B, T, H)``; the features in float32, the projection in any dtype."""
-        with torch.autocast(device_type=days.device.type, enabled=False):
-            g = torch.log1p(days.float()) / LOG_GAP_SCALE  # (B, T)
-            periodic = torch.sin(g[..., None] * self.freq + self.phase)  # (B, T, k)
-            feats = torch.cat([g[..., None], first.float()[..., None], periodic], dim=-1)  # (B, T, k + 2)
-        return self.proj(feats.to(self.proj.weight.dtype))
+        gap = self.log_gap(torch.log1p(days.float()))  # (B, T, H)
+        return gap + first[..., None].to(gap.dtype) * self.first_visit.to(gap.dtype)
