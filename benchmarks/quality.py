@@ -45,6 +45,9 @@ The cohorts differ in structure, and their seeds are ones the defaults were neve
   three times as many labels, most of them with few positives.
 * ``recurrence_long_dense``: the same family over a 17-year window at twice the visit rate: about 270 tokens
   per patient, and a quarter of the histories longer than ``etl.max_seq_len`` (512).
+* ``progression``: the third generator family (``synth.process=progression``): conditions in pairs move
+  through hidden stages that visits record with stage-dependent chances. Its oracle is the exact posterior
+  of the stages given the record, so it is also the ceiling a model of the record can reach.
 
 ``--seed-offset N`` adds N to every seed: the same shapes drawn afresh (new catalogues for the recurrence family),
 cohorts that neither the defaults nor earlier runs of this benchmark have seen.
@@ -108,6 +111,7 @@ COHORTS: dict[str, list[str]] = {
         "synth.start=2004-01-01",
         "synth.visit_rate=1.1",
     ],
+    "progression": ["--seed", "3061", "synth.process=progression"],
 }
 PREDICTORS = ("model", *REFERENCE_NAMES, "oracle")
 
@@ -123,6 +127,16 @@ def cohort_args(name: str, seed_offset: int = 0) -> list[str]:
     seed = args.index("--seed") + 1
     args[seed] = str(int(args[seed]) + seed_offset)
     return args
+
+
+def is_clinical(name: str) -> bool:
+    """Whether cohort ``name`` is of the clinical process, whose oracle knows more than the record (the other
+    processes' oracles are already record oracles).
+
+    >>> is_clinical("short_sparse"), is_clinical("recurrence"), is_clinical("progression")
+    (True, False, False)
+    """
+    return not any(arg.startswith("synth.process=") for arg in COHORTS[name])
 
 
 def stage(command: str, *args: str) -> dict[str, float]:
@@ -180,7 +194,7 @@ def run_cohort(
         ),
         **(
             {"record_oracle": write_record_oracle(d["cohort"], d["etl"], record_particles, replicas)}
-            if oracle and record_particles and "synth.process=recurrence" not in COHORTS[name]
+            if oracle and record_particles and is_clinical(name)
             else {}
         ),
         "pretrain": stage(

@@ -68,13 +68,16 @@ class SynthConfig:
     """Most visits simulated per patient; a history reaching it simply stops there."""
     corrupt_fraction: float = 0.0
     """Extra deliberately bad event rows, as a share of the clean events, to exercise the ETL quarantine."""
-    process: Literal["clinical", "recurrence"] = "clinical"
+    process: Literal["clinical", "recurrence", "progression"] = "clinical"
     """clinical: the disease story of README.md (hidden onsets, progression chains, pregnancy, death);
     recurrence: codes that recur, persist and trigger each other as a logistic function of the recorded
-    history, with a catalogue drawn afresh from each seed (``synthetic_data/recurrence.py``)."""
+    history, with a catalogue drawn afresh from each seed (``synthetic_data/recurrence.py``); progression:
+    pairs of conditions move through hidden stages that visits record with stage-dependent chances, a
+    catalogue drawn afresh from each seed and an oracle that is the exact posterior given the record
+    (``synthetic_data/progression.py``)."""
     codes: int = RECURRENCE_CODES
-    """Distinct codes in the recurrence process's drawn catalogue, the routine code included (the clinical
-    process has its own fixed catalogue and ignores this)."""
+    """Distinct codes in the recurrence or progression process's drawn catalogue, the routine code included
+    (the clinical process has its own fixed catalogue and ignores this)."""
 
     def __post_init__(self) -> None:
         if self.patients < 1:
@@ -88,8 +91,8 @@ class SynthConfig:
             raise ValueError(f"corrupt_fraction must lie in [0, 1], got {self.corrupt_fraction}")
         if self.visit_rate <= 0 or self.max_age <= 0 or self.max_visits < 1:
             raise ValueError("visit_rate and max_age must be > 0 and max_visits >= 1")
-        if self.process not in ("clinical", "recurrence"):
-            raise ValueError(f"process must be clinical or recurrence, got {self.process!r}")
+        if self.process not in ("clinical", "recurrence", "progression"):
+            raise ValueError(f"process must be clinical, recurrence or progression, got {self.process!r}")
         if not 8 <= self.codes <= 2000:
             raise ValueError(f"codes must lie in [8, 2000], got {self.codes}")
         if not 0.0 <= self.followup_probability <= 1.0 or self.noise_codes_per_visit < 0:
@@ -423,6 +426,10 @@ def generate(cfg: SynthConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
         from synthetic_data.recurrence import generate_recurrence
 
         patients, events = generate_recurrence(cfg)
+    elif cfg.process == "progression":
+        from synthetic_data.progression import generate_progression
+
+        patients, events = generate_progression(cfg)
     else:
         sim = _Simulation(cfg, rng, _Catalogue())
         sim.burn_in()

@@ -51,6 +51,10 @@ def oracle_table(cfg: SynthConfig, replicas: int = 500) -> pd.DataFrame:
         from synthetic_data.recurrence import recurrence_oracle
 
         return recurrence_oracle(clean)
+    if clean.process == "progression":  # the exact posterior of the hidden stages given the record
+        from synthetic_data.progression import progression_oracle
+
+        return progression_oracle(clean)
     rng = np.random.default_rng(clean.seed + ORACLE_SEED_OFFSET)
     cuts = _choose_cuts(clean, rng)
     states = _capture_states(clean, cuts)

@@ -1,5 +1,6 @@
-"""The generator's oracle: true next-visit code probabilities at one cut visit per patient, for both processes
-(clinical: Monte Carlo over the hidden state; recurrence: exact up to a quadrature over the next visit's day)."""
+"""The generator's oracle: true next-visit code probabilities at one cut visit per patient, for every process
+(clinical: Monte Carlo over the hidden state; recurrence: exact up to a quadrature over the next visit's day;
+progression: the exact posterior of the hidden stages, the same quadrature; more in test_progression.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ import pytest
 from behrt_rope.schema import CODE, DATE, PATIENT_ID, PREDICTION_TIME, PROBABILITY
 from synthetic_data.generator import SynthConfig, catalogue_codes, generate
 from synthetic_data.oracle import cut_times, oracle_table
+from synthetic_data.progression import draw_catalogue as draw_progression_catalogue
 from synthetic_data.recurrence import ROUTINE, RecurrenceSimulation, draw_catalogue
 
 
-@pytest.fixture(scope="module", params=["clinical", "recurrence"])
+@pytest.fixture(scope="module", params=["clinical", "recurrence", "progression"])
 def cohort(request):
     cfg = SynthConfig(patients=1500, seed=11, process=request.param)
     return cfg, oracle_table(cfg, replicas=100), generate(cfg)
 
 
 def _codes(cfg: SynthConfig) -> set[str]:
+    if cfg.process == "progression":
+        return set(draw_progression_catalogue(cfg).codes)
     return set(catalogue_codes()) if cfg.process == "clinical" else set(draw_catalogue(cfg).codes)
 
 
