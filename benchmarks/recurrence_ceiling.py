@@ -150,7 +150,7 @@ def collect(
             prev=sim.t_prev[idx[keep]].copy(),
         )
 
-    def after(idx: np.ndarray, hits: np.ndarray) -> None:
+    def after(idx: np.ndarray, day: np.ndarray, hits: np.ndarray, visit: int) -> None:
         keep = pending["keep"]
         if keep.any():
             parts.append((idx[keep], pending["visit"], pending["xs"], hits[keep], pending["prev"]))

@@ -38,26 +38,18 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 from scipy.linalg import expm
 
-from behrt_rope.schema import CODE, PATIENT_ID, PREDICTION_TIME, PROBABILITY
 from synthetic_data.generator import (
     DAYS_PER_YEAR,
     GAP_SHAPE,
-    RATE_SHAPE,
     SynthConfig,
-    _EventLog,
-    _parse_day,
-    history_tables,
-    patient_ids,
 )
-from synthetic_data.oracle import ORACLE_SEED_OFFSET
+from synthetic_data.visit_rounds import VisitRounds, cut_oracle_table, gamma_gap_nodes
 
 ROUTINE = "Z00.0"
 CATALOGUE_SEED_OFFSET = 130_363
@@ -171,25 +163,23 @@ def _monthly(onset: float, remit: float, progress: float) -> np.ndarray:
     return np.asarray(expm(generator / 12.0))
 
 
-class ProgressionSimulation:
+class ProgressionSimulation(VisitRounds):
     """Every patient's hidden stages (simulated month by month over the window) and recorded visits."""
 
-    def __init__(self, cfg: SynthConfig, rng: np.random.Generator, cat: ProgressionCatalogue) -> None:
+    def __init__(
+        self, cfg: SynthConfig, rng: np.random.Generator, cat: ProgressionCatalogue, track_posterior: bool = False
+    ) -> None:
+        """``track_posterior``: also keep each patient's stage posterior given the record (the oracle's
+        :meth:`next_visit_probabilities`); it costs more than the simulation itself."""
         n = cfg.patients
-        self.cfg, self.rng, self.cat = cfg, rng, cat
-        self.start, self.end = _parse_day(cfg.start, "start"), _parse_day(cfg.end, "end")
-        self.birth = self.start - np.ceil(rng.uniform(0.0, cfg.max_age, n) * DAYS_PER_YEAR).astype(np.int64)
-        self.female = rng.random(n) < 0.51
-        self.rate = cfg.visit_rate * rng.gamma(RATE_SHAPE, 1.0 / RATE_SHAPE, n)
+        self.cat, self.codes = cat, cat.codes
+        self.start_cohort(cfg, rng)
         self.months = int((self.end - self.start) // MONTH_DAYS) + 1
         self.age_month0 = np.floor((self.start - self.birth) / MONTH_DAYS).astype(np.int64)  # chain steps at month 0
         self.prior_table = self._prior_table()
         self.stages = self._simulate_stages()  # (n, P, months) joint stage of each pair
         self.diagnosed = np.zeros((n, cat.pairs * CODES_PER_PAIR), dtype=bool)
-        self.visits = np.zeros(n, dtype=np.int64)
-        self.t_prev = np.full(n, self.start, dtype=np.int64)
-        self.active = np.ones(n, dtype=bool)
-        self.log = _EventLog()
+        self.belief = StageFilter(self) if track_posterior else None
 
     def transition_rows(self, p: int, idx: np.ndarray, step: np.ndarray, stage: np.ndarray) -> np.ndarray:
         """``(len(idx), 9)`` pair ``p``'s transition rows from joint ``stage`` for patients ``idx`` at chain
@@ -246,28 +236,6 @@ class ProgressionSimulation:
         p[:, pair_codes.shape[1] : -1] = cat.background
         return p
 
-    def run_visits(
-        self,
-        before_visit: Callable[[np.ndarray, np.ndarray], None] | None = None,
-        after_visit: Callable[[np.ndarray, np.ndarray, np.ndarray, int], None] | None = None,
-    ) -> None:
-        """Visit every patient until the window ends or ``max_visits``; ``before_visit(idx, day)`` sees the
-        state just before each round of visits, ``after_visit(idx, day, hits, visit)`` the ``(patients, codes)``
-        codes each visit of the round recorded."""
-        for visit in range(self.cfg.max_visits):
-            idx = np.flatnonzero(self.active)
-            if idx.size == 0:
-                break
-            day = self.t_prev[idx] + self.next_gap(idx, first=visit == 0)
-            inside = day <= self.end
-            self.active[idx[~inside]] = False
-            idx, day = idx[inside], day[inside]
-            if before_visit is not None:
-                before_visit(idx, day)
-            hits = self.visit(idx, day, visit)
-            if after_visit is not None:
-                after_visit(idx, day, hits, visit)
-
     def mean_gap(self, idx: np.ndarray) -> np.ndarray:
         """(patients,) mean gap in days after the current record."""
         on_file = self.diagnosed[idx].sum(axis=1)
@@ -284,9 +252,7 @@ class ProgressionSimulation:
         distribution given that it falls on or before the window's end (equal weights)."""
         mean = self.mean_gap(idx)
         limit = (self.end - self.t_prev[idx]).astype(np.float64) + 0.5  # rint(gap) <= end - t_prev
-        mass = stats.gamma.cdf(limit, GAP_SHAPE, scale=mean / GAP_SHAPE)
-        share = (np.arange(nodes) + 0.5) / nodes
-        gaps = stats.gamma.ppf(share * mass[:, None], GAP_SHAPE, scale=mean[:, None] / GAP_SHAPE)
+        gaps, _ = gamma_gap_nodes(mean, limit, nodes)
         days = self.t_prev[idx, None] + np.maximum(1, np.rint(gaps)).astype(np.int64)
         return days, np.full(days.shape, 1.0 / nodes)
 
@@ -298,12 +264,16 @@ class ProgressionSimulation:
         self.diagnosed[idx] |= hits[:, : self.diagnosed.shape[1]] & self.cat.diagnosis
         self.visits[idx] += 1
         self.t_prev[idx] = day
+        if self.belief is not None:
+            self.belief.observe(idx, day, hits, visit)
         return hits
 
-    def tables(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The visits-format tables (no deaths in this process)."""
-        alive = np.full(self.cfg.patients, -1, dtype=np.int64)
-        return history_tables(self.cfg, self.birth, self.female, alive, self.log, self.cat.codes)
+    def next_visit_probabilities(self, idx: np.ndarray) -> np.ndarray:
+        """``(len(idx), codes)`` chance of each code at the next visit given the record so far (needs
+        ``track_posterior``): :meth:`StageFilter.next_visit_probabilities`."""
+        if self.belief is None:
+            raise ValueError("next_visit_probabilities needs a simulation made with track_posterior=True")
+        return self.belief.next_visit_probabilities(idx)
 
 
 class StageFilter:
@@ -377,33 +347,8 @@ def progression_oracle(cfg: SynthConfig) -> pd.DataFrame:
     posterior given the record up to the cut (:meth:`StageFilter.next_visit_probabilities`); the columns of
     :func:`synthetic_data.oracle.oracle_table`."""
     cat = draw_catalogue(cfg)
-    first = ProgressionSimulation(cfg, np.random.default_rng(cfg.seed), cat)
-    first.run_visits()
-    rng = np.random.default_rng(cfg.seed + ORACLE_SEED_OFFSET)
-    n_visits = first.visits
-    cut = np.where(n_visits >= 2, np.floor(rng.random(cfg.patients) * np.maximum(n_visits - 1, 1)), -1)
 
-    sim = ProgressionSimulation(cfg, np.random.default_rng(cfg.seed), cat)  # the same cohort again
-    belief = StageFilter(sim)
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    def simulation() -> ProgressionSimulation:
+        return ProgressionSimulation(cfg, np.random.default_rng(cfg.seed), cat, track_posterior=True)
 
-    def capture(idx: np.ndarray, day: np.ndarray) -> None:
-        now = (cut[idx] >= 0) & (sim.visits[idx] == cut[idx] + 1)  # the visit right after the cut
-        if now.any():
-            parts.append((idx[now], sim.t_prev[idx[now]], belief.next_visit_probabilities(idx[now])))
-
-    sim.run_visits(before_visit=capture, after_visit=belief.observe)
-    patient = np.concatenate([p for p, _, _ in parts])
-    cut_day = np.concatenate([d for _, d, _ in parts])
-    probs = np.concatenate([q for _, _, q in parts])
-    order = np.argsort(patient, kind="stable")
-    patient, cut_day, probs = patient[order], cut_day[order], probs[order]
-    rows, cols = np.nonzero(probs > 0)
-    return pd.DataFrame(
-        {
-            PATIENT_ID: patient_ids(cfg.patients)[patient[rows]],
-            PREDICTION_TIME: pd.to_datetime(cut_day[rows].astype("datetime64[D]")),
-            CODE: cat.codes[cols].astype(object),
-            PROBABILITY: probs[rows, cols],
-        }
-    )
+    return cut_oracle_table(cfg, simulation, cat.codes)

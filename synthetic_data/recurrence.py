@@ -44,27 +44,20 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from behrt_rope.schema import CODE, PATIENT_ID, PREDICTION_TIME, PROBABILITY
 from synthetic_data.generator import (
     DAYS_PER_YEAR,
     GAP_SHAPE,
-    RATE_SHAPE,
     RECURRENCE_CODES,
     SynthConfig,
-    _EventLog,
-    _parse_day,
     _ramp,
-    history_tables,
-    patient_ids,
 )
-from synthetic_data.oracle import ORACLE_SEED_OFFSET
+from synthetic_data.visit_rounds import VisitRounds, cut_oracle_table, gamma_gap_nodes
 
 KIND_SHARES = {"chronic": 0.4, "recurrent": 0.35, "background": 0.25}
 ROUTINE = "Z00.0"
@@ -178,26 +171,19 @@ def draw_catalogue(cfg: SynthConfig) -> RecurrenceCatalogue:
     )
 
 
-class RecurrenceSimulation:
+class RecurrenceSimulation(VisitRounds):
     """Every patient's recorded history as running per-code state, one visit round at a time."""
 
     def __init__(self, cfg: SynthConfig, rng: np.random.Generator, cat: RecurrenceCatalogue) -> None:
         n, k = cfg.patients, len(cat.codes)
-        self.cfg, self.rng, self.cat = cfg, rng, cat
-        self.start, self.end = _parse_day(cfg.start, "start"), _parse_day(cfg.end, "end")
-        self.birth = self.start - np.ceil(rng.uniform(0.0, cfg.max_age, n) * DAYS_PER_YEAR).astype(np.int64)
-        self.female = rng.random(n) < 0.51
-        self.rate = cfg.visit_rate * rng.gamma(RATE_SHAPE, 1.0 / RATE_SHAPE, n)
+        self.cat, self.codes = cat, cat.codes
+        self.start_cohort(cfg, rng)
         self.frailty = rng.normal(0.0, FRAILTY_SD, n)
         self.count = np.zeros((n, k), dtype=np.int32)  # visits with the code so far
         self.first_day = np.full((n, k), np.nan)
         self.last_visit = np.full((n, k), -1, dtype=np.int64)
-        self.visits = np.zeros(n, dtype=np.int64)
-        self.t_prev = np.full(n, self.start, dtype=np.int64)
         self.last_gap = np.full(n, np.inf)  # days between the previous two visits
         self.had_recurrent = np.zeros(n, dtype=bool)
-        self.active = np.ones(n, dtype=bool)
-        self.log = _EventLog()
 
     def probabilities(self, idx: np.ndarray, day: np.ndarray) -> np.ndarray:
         """(patients, codes) chance of each code at a visit on ``day``, from the state before it."""
@@ -217,28 +203,6 @@ class RecurrenceSimulation:
         trig = seen[:, cat.trigger_parent] * ramp * cat.trigger_weight
         np.add.at(z.T, cat.trigger_child, trig.T)
         return np.asarray(1.0 / (1.0 + np.exp(-z)))
-
-    def run_visits(
-        self,
-        before_visit: Callable[[np.ndarray, np.ndarray], None] | None = None,
-        after_visit: Callable[[np.ndarray, np.ndarray], None] | None = None,
-    ) -> None:
-        """Visit every patient until the window ends or ``max_visits``; ``before_visit(idx, day)`` sees the
-        state just before each round of visits (the oracle reads probabilities there), ``after_visit(idx,
-        hits)`` the (patients, codes) codes each visit recorded."""
-        for visit in range(self.cfg.max_visits):
-            idx = np.flatnonzero(self.active)
-            if idx.size == 0:
-                break
-            day = self.t_prev[idx] + self.next_gap(idx, first=visit == 0)
-            inside = day <= self.end
-            self.active[idx[~inside]] = False
-            idx, day = idx[inside], day[inside]
-            if before_visit is not None:
-                before_visit(idx, day)
-            hits = self.visit(idx, day, visit)
-            if after_visit is not None:
-                after_visit(idx, hits)
 
     def mean_gap(self, idx: np.ndarray) -> np.ndarray:
         """(patients,) mean routine gap in days after the current state."""
@@ -272,8 +236,7 @@ class RecurrenceSimulation:
         mean = self.mean_gap(idx)
         limit = (self.end - self.t_prev[idx]).astype(np.float64) + 0.5  # rint(gap) <= end - t_prev
         share = (np.arange(nodes) + 0.5) / nodes  # (nodes,) mid-quantiles
-        routine_mass = stats.gamma.cdf(limit, GAP_SHAPE, scale=mean / GAP_SHAPE)
-        routine = stats.gamma.ppf(share * routine_mass[:, None], GAP_SHAPE, scale=mean[:, None] / GAP_SHAPE)
+        routine, routine_mass = gamma_gap_nodes(mean, limit, nodes)
         followup_mass = stats.expon.cdf(limit - FOLLOWUP_MIN_DAYS, scale=FOLLOWUP_MEAN_DAYS)
         followup = FOLLOWUP_MIN_DAYS + stats.expon.ppf(share * followup_mass[:, None], scale=FOLLOWUP_MEAN_DAYS)
         p_followup = self.had_recurrent[idx] * self.cfg.followup_probability
@@ -311,11 +274,6 @@ class RecurrenceSimulation:
         self.t_prev[idx] = day
         return hits
 
-    def tables(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The visits-format tables (no deaths in this process)."""
-        alive = np.full(self.cfg.patients, -1, dtype=np.int64)
-        return history_tables(self.cfg, self.birth, self.female, alive, self.log, self.cat.codes)
-
 
 def generate_recurrence(cfg: SynthConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The ``(patients, events)`` tables of a recurrence cohort (see the module docstring)."""
@@ -329,35 +287,7 @@ def recurrence_oracle(cfg: SynthConfig) -> pd.DataFrame:
     right after the cut (:meth:`RecurrenceSimulation.next_visit_probabilities`); the columns of
     :func:`synthetic_data.oracle.oracle_table`."""
     cat = draw_catalogue(cfg)
-    first = RecurrenceSimulation(cfg, np.random.default_rng(cfg.seed), cat)
-    first.run_visits()
-    rng = np.random.default_rng(cfg.seed + ORACLE_SEED_OFFSET)
-    n_visits = first.visits
-    cut = np.where(n_visits >= 2, np.floor(rng.random(cfg.patients) * np.maximum(n_visits - 1, 1)), -1)
-
-    sim = RecurrenceSimulation(cfg, np.random.default_rng(cfg.seed), cat)  # the same cohort again
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-
-    def capture(idx: np.ndarray, day: np.ndarray) -> None:
-        now = (cut[idx] >= 0) & (sim.visits[idx] == cut[idx] + 1)  # the visit right after the cut
-        if now.any():
-            parts.append((idx[now], sim.t_prev[idx[now]], sim.next_visit_probabilities(idx[now])))
-
-    sim.run_visits(before_visit=capture)
-    patient = np.concatenate([p for p, _, _ in parts])
-    cut_day = np.concatenate([d for _, d, _ in parts])
-    probs = np.concatenate([q for _, _, q in parts])
-    order = np.argsort(patient, kind="stable")
-    patient, cut_day, probs = patient[order], cut_day[order], probs[order]
-    rows, cols = np.nonzero(probs > 0)
-    return pd.DataFrame(
-        {
-            PATIENT_ID: patient_ids(cfg.patients)[patient[rows]],
-            PREDICTION_TIME: pd.to_datetime(cut_day[rows].astype("datetime64[D]")),
-            CODE: cat.codes[cols].astype(object),
-            PROBABILITY: probs[rows, cols],
-        }
-    )
+    return cut_oracle_table(cfg, lambda: RecurrenceSimulation(cfg, np.random.default_rng(cfg.seed), cat), cat.codes)
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
