@@ -7,22 +7,24 @@ move through hidden stages, a visit records codes with stage-dependent chances, 
 posterior over the stages given the record (a hidden Markov model's forward filter), carried to the next visit.
 
 **Conditions.** The catalogue, drawn afresh from each seed, holds pairs of conditions (a *parent* and a
-*child*). Each condition is a Markov chain on a monthly grid over three stages: 0 (none), 1 (early) and 2
-(established, absorbing). Per year, 0 -> 1 happens at ``onset x exp(age_slope x (age - 50) / 20 + sex x
-female)``, 1 -> 0 (remission) at ``remit`` and 1 -> 2 at ``progress``; the child's onset is ``exp(coupling)``
-times faster while its parent is established. Every chain starts at birth in stage 0, so a patient's stages
-at the first visit follow the chain's law at that age.
+*child*). Each condition is a continuous-time Markov chain, read on a monthly grid, over four stages: 0 (none),
+1 (early), 2 (established) and 3 (resolved, e.g. treated). Per year, 0 -> 1 happens at ``onset x
+exp(age_slope x (age - 50) / 20 + sex x female)``, 1 -> 0 (remission) at ``remit``, 1 -> 2 at ``progress``,
+2 -> 3 at ``resolve`` and 3 -> 2 (relapse) at ``relapse``; the child's onset is ``exp(coupling)`` times faster
+while its parent is established. Every chain starts at birth in stage 0, so a patient's stages at the first
+visit follow the chain's law at that age.
 
-**Codes.** Each condition has a *symptom* code (likely in the early stage, less so later) and a *diagnosis*
-code (rare early, likely once established), recorded at a visit independently with chances that depend on
-the condition's stage only (a small false-positive chance in stage 0). *Background* codes are recorded at
+**Codes.** Each condition has a *symptom* code (likely in the early stage, less so once established, rare once
+resolved) and a *diagnosis* code (rare early, likely while established, now and then once resolved), recorded
+at a visit independently with chances that depend on the condition's stage only (a small false-positive chance
+in stage 0). *Background* codes are recorded at
 about ``noise_codes_per_visit`` per visit whatever the stages. A visit with no code records ``Z00.0``.
 
 **Visits.** The first visit falls uniformly within one mean gap of the window's start; later gaps are Gamma
 (shape 1.5) with mean ``365.25 / (visit_rate x patient multiplier x (1 + 0.1 x diagnosis codes on file))``.
 The gap depends on the record only, so it tells nothing more about the hidden stages.
 
-**The oracle.** The stages of one pair evolve jointly (9 states); pairs are independent, and so, given the
+**The oracle.** The stages of one pair evolve jointly (16 states); pairs are independent, and so, given the
 record, are their posteriors. Per pair, the filter starts from the chain's law at the first visit's age, is
 multiplied by each visit's likelihood of the pair's recorded codes and carried month by month between visits.
 At a cut it is carried to the next visit's month at ``GAP_NODES`` quantiles of the gap distribution given that
@@ -54,8 +56,9 @@ from synthetic_data.visit_rounds import VisitRounds, cut_oracle_table, gamma_gap
 ROUTINE = "Z00.0"
 CATALOGUE_SEED_OFFSET = 130_363
 MONTH_DAYS = DAYS_PER_YEAR / 12.0
-STAGES = 3
-"""0: none, 1: early, 2: established (absorbing)."""
+STAGES = 4
+"""0: none, 1: early, 2: established, 3: resolved."""
+ESTABLISHED = 2
 JOINT = STAGES * STAGES
 """Joint stages of a (parent, child) pair: ``3 x parent + child``."""
 CODES_PER_PAIR = 4
@@ -77,10 +80,10 @@ class ProgressionCatalogue:
     """``(4 P + B + 1,)`` code strings: the pairs' codes (parent symptom, parent diagnosis, child symptom, child
     diagnosis, pair by pair), then the background codes, then ``Z00.0``."""
     transitions: np.ndarray
-    """``(P, 2, MAX_AGE_YEARS, 9, 9)`` monthly transition matrices of each pair's joint stage, by sex (0 male,
+    """``(P, 2, MAX_AGE_YEARS, 16, 16)`` monthly transition matrices of each pair's joint stage, by sex (0 male,
     1 female) and age in whole years."""
     emission: np.ndarray
-    """``(P, 9, 4)`` chance of each of the pair's codes at a visit, by joint stage."""
+    """``(P, 16, 4)`` chance of each of the pair's codes at a visit, by joint stage."""
     background: np.ndarray
     """``(B,)`` chance of each background code at a visit."""
 
@@ -111,45 +114,47 @@ def draw_catalogue(cfg: SynthConfig) -> ProgressionCatalogue:
     codes[:-1] = rng.permutation(codes[:-1])
 
     rates = {  # per condition (2 per pair), per year
-        "onset": np.exp(rng.uniform(np.log(0.001), np.log(0.015), (n_pairs, 2))),
+        "onset": np.exp(rng.uniform(np.log(0.002), np.log(0.02), (n_pairs, 2))),
         "age_slope": rng.uniform(-0.5, 1.5, (n_pairs, 2)),
         "sex": rng.normal(0.0, 0.4, (n_pairs, 2)),
         "remit": rng.uniform(0.0, 0.5, (n_pairs, 2)),
         "progress": np.exp(rng.uniform(np.log(0.1), np.log(0.8), (n_pairs, 2))),
+        "resolve": rng.uniform(0.1, 0.6, (n_pairs, 2)),
+        "relapse": rng.uniform(0.0, 0.3, (n_pairs, 2)),
     }
     coupling = rng.uniform(1.0, 2.5, n_pairs)
     false_positive = rng.uniform(0.002, 0.01, (n_pairs, 2))
-    symptom = np.stack(
-        [false_positive, rng.uniform(0.2, 0.5, (n_pairs, 2)), rng.uniform(0.1, 0.3, (n_pairs, 2))], axis=-1
-    )  # (P, 2 conditions, 3 stages)
-    diagnosis = np.stack(
-        [false_positive / 3, rng.uniform(0.02, 0.1, (n_pairs, 2)), rng.uniform(0.4, 0.8, (n_pairs, 2))], axis=-1
-    )
-    parent, child = np.divmod(np.arange(JOINT), STAGES)  # (9,) each condition's stage in each joint stage
+    early, established = rng.uniform(0.2, 0.5, (n_pairs, 2)), rng.uniform(0.1, 0.3, (n_pairs, 2))
+    symptom = np.stack([false_positive, early, established, 2 * false_positive], axis=-1)  # (P, 2 conditions, 4)
+    bounds = ((0.02, 0.1), (0.4, 0.8), (0.02, 0.08))  # diagnosis code: early, established, resolved
+    early, established, resolved = (rng.uniform(lo, hi, (n_pairs, 2)) for lo, hi in bounds)
+    diagnosis = np.stack([false_positive / 3, early, established, resolved], axis=-1)
+    parent, child = np.divmod(np.arange(JOINT), STAGES)  # (16,) each condition's stage in each joint stage
     emission = np.stack(
         [symptom[:, 0, parent], diagnosis[:, 0, parent], symptom[:, 1, child], diagnosis[:, 1, child]], axis=-1
-    )  # (P, 9, 4)
+    )  # (P, 16, 4)
     shares = rng.dirichlet(np.ones(n_background))
     background = np.clip(shares * cfg.noise_codes_per_visit, 1e-4, 0.5)
     return ProgressionCatalogue(codes, _transition_tables(rates, coupling), emission, background)
 
 
 def _transition_tables(rates: dict[str, np.ndarray], coupling: np.ndarray) -> np.ndarray:
-    """``(P, 2, MAX_AGE_YEARS, 9, 9)`` monthly joint transition matrices (rows: from, columns: to)."""
+    """``(P, 2, MAX_AGE_YEARS, 16, 16)`` monthly joint transition matrices (rows: from, columns: to)."""
     n_pairs = len(coupling)
     years = np.arange(MAX_AGE_YEARS) + 0.5  # (A,) mid-year ages
     out = np.empty((n_pairs, 2, MAX_AGE_YEARS, JOINT, JOINT))
     for p in range(n_pairs):
-        remit, progress = rates["remit"][p], rates["progress"][p]  # (2,) parent, child
+        moves = {name: rates[name][p] for name in ("remit", "progress", "resolve", "relapse")}  # (2,) each
+        parent_moves, child_moves = ({name: value[i] for name, value in moves.items()} for i in (0, 1))
         for female in (0, 1):
             for a, age in enumerate(years):
                 onset = rates["onset"][p] * np.exp(
                     rates["age_slope"][p] * (age - 50.0) / 20.0 + rates["sex"][p] * female
                 )
-                parent = _monthly(onset[0], remit[0], progress[0])
+                parent = _monthly(onset[0], **parent_moves)
                 faster = np.exp(coupling[p])  # the child's onset while the parent is established
                 child = np.stack(
-                    [_monthly(onset[1] * (faster if s == 2 else 1.0), remit[1], progress[1]) for s in range(STAGES)]
+                    [_monthly(onset[1] * (faster if s == ESTABLISHED else 1.0), **child_moves) for s in range(STAGES)]
                 )
                 # (s, c) -> (s', c'): the parent moves by its own law, the child by the law of the parent's stage at
                 # the start of the month
@@ -157,9 +162,13 @@ def _transition_tables(rates: dict[str, np.ndarray], coupling: np.ndarray) -> np
     return out
 
 
-def _monthly(onset: float, remit: float, progress: float) -> np.ndarray:
-    """``(3, 3)`` one month's transition matrix of a condition with these yearly rates."""
-    generator = np.array([[-onset, onset, 0.0], [remit, -remit - progress, progress], [0.0, 0.0, 0.0]])
+def _monthly(onset: float, remit: float, progress: float, resolve: float, relapse: float) -> np.ndarray:
+    """``(4, 4)`` one month's transition matrix of a condition with these yearly rates: none -> early (onset),
+    early -> none (remit), early -> established (progress), established -> resolved (resolve), resolved ->
+    established (relapse)."""
+    rates = np.zeros((STAGES, STAGES))
+    rates[0, 1], rates[1, 0], rates[1, 2], rates[2, 3], rates[3, 2] = onset, remit, progress, resolve, relapse
+    generator = rates - np.diag(rates.sum(axis=1))
     return np.asarray(expm(generator / 12.0))
 
 
@@ -182,13 +191,13 @@ class ProgressionSimulation(VisitRounds):
         self.belief = StageFilter(self) if track_posterior else None
 
     def transition_rows(self, p: int, idx: np.ndarray, step: np.ndarray, stage: np.ndarray) -> np.ndarray:
-        """``(len(idx), 9)`` pair ``p``'s transition rows from joint ``stage`` for patients ``idx`` at chain
+        """``(len(idx), 16)`` pair ``p``'s transition rows from joint ``stage`` for patients ``idx`` at chain
         ``step`` (months since birth)."""
         years = np.minimum(step // 12, MAX_AGE_YEARS - 1)
         return np.asarray(self.cat.transitions[p, self.female[idx].astype(int), years, stage])
 
     def carry(self, law: np.ndarray, idx: np.ndarray, step: np.ndarray) -> np.ndarray:
-        """``(len(idx), P, 9)`` the laws ``law`` of patients ``idx`` at chain ``step``, one month on."""
+        """``(len(idx), P, 16)`` the laws ``law`` of patients ``idx`` at chain ``step``, one month on."""
         years = np.minimum(step // 12, MAX_AGE_YEARS - 1)
         sex = self.female[idx].astype(int)
         out = np.empty_like(law)
@@ -197,11 +206,11 @@ class ProgressionSimulation(VisitRounds):
         return out
 
     def prior(self, idx: np.ndarray, step: np.ndarray) -> np.ndarray:
-        """``(len(idx), P, 9)`` the law of each pair's joint stage ``step`` months after birth in stage 0."""
+        """``(len(idx), P, 16)`` the law of each pair's joint stage ``step`` months after birth in stage 0."""
         return np.asarray(self.prior_table[:, self.female[idx].astype(int), step].transpose(1, 0, 2))
 
     def _prior_table(self) -> np.ndarray:
-        """``(P, 2, steps, 9)`` the chain's law by sex and months since birth, up to the oldest age in the window."""
+        """``(P, 2, steps, 16)`` the chain's law by sex and months since birth, up to the oldest age in the window."""
         steps = int(self.age_month0.max(initial=0)) + self.months + 1
         table = np.zeros((self.cat.pairs, 2, steps, JOINT))
         table[:, :, 0, 0] = 1.0
@@ -296,8 +305,8 @@ class StageFilter:
                 law[moving] = sim.carry(law[moving], idx[moving], step[moving])
                 step[moving] += 1
         pair_hits = hits[:, : sim.cat.pairs * CODES_PER_PAIR].reshape(idx.size, sim.cat.pairs, 1, CODES_PER_PAIR)
-        chance = sim.cat.emission[None]  # (1, P, 9, 4)
-        law = law * np.where(pair_hits, chance, 1.0 - chance).prod(axis=-1)  # (m, P, 9) times the likelihood
+        chance = sim.cat.emission[None]  # (1, P, 16, 4)
+        law = law * np.where(pair_hits, chance, 1.0 - chance).prod(axis=-1)  # (m, P, 16) times the likelihood
         self.law[idx] = law / law.sum(axis=-1, keepdims=True)
         self.step[idx] = to_step
 
@@ -319,7 +328,7 @@ class StageFilter:
         return out
 
     def _code_chances(self, law: np.ndarray) -> np.ndarray:
-        """``(m, codes)`` chance of each code at a visit, given ``(m, P, 9)`` laws of the joint stages there."""
+        """``(m, codes)`` chance of each code at a visit, given ``(m, P, 16)`` laws of the joint stages there."""
         cat = self.sim.cat
         pair_codes = np.einsum("mpj,pjc->mpc", law, cat.emission).reshape(len(law), CODES_PER_PAIR * cat.pairs)
         nothing = np.einsum("mpj,pj->mp", law, (1.0 - cat.emission).prod(axis=-1)).prod(axis=1)  # (m,)
@@ -329,7 +338,7 @@ class StageFilter:
 
 
 def _draw(rng: np.random.Generator, law: np.ndarray) -> np.ndarray:
-    """One draw per row of ``law`` ``(..., 9)`` (rows sum to 1)."""
+    """One draw per row of ``law`` ``(..., 16)`` (rows sum to 1)."""
     cumulative = np.cumsum(law, axis=-1)
     u = rng.random(law.shape[:-1])[..., None] * cumulative[..., -1:]
     return (u > cumulative).sum(axis=-1).astype(np.int8)
