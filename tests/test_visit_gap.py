@@ -104,3 +104,19 @@ def test_an_encoder_saved_before_the_input_loads_as_it_was(tmp_path):
     bundle = load_bundle(tmp_path, "mlm")
     assert bundle["model_config"].visit_gap is False
     BehrtEncoder(bundle["model_config"]).load_state_dict(bundle["state_dict"], strict=True)
+
+
+def test_the_first_layout_of_the_input_loads_and_computes_the_same():
+    """Session 45 saved the input as ``freq``, ``phase`` and one projection over [log gap, flag, periodic]; such
+    a state dict loads into the Time2Vec layout and gives the same embedding."""
+    torch.manual_seed(1)
+    hidden, k = 8, 8
+    freq, phase = torch.rand(k) * 20, torch.rand(k) * 6
+    proj = torch.nn.Linear(k + 2, hidden)
+    old = {"freq": freq, "phase": phase, "proj.weight": proj.weight.detach(), "proj.bias": proj.bias.detach()}
+    gap = VisitGapEmbedding(ModelConfig(vocab_size=12, hidden_size=hidden))
+    gap.load_state_dict(old)
+    days, first = torch.tensor([[0.0, 9.0, 400.0]]), torch.tensor([[True, False, False]])
+    g = (torch.log1p(days) / math.log1p(3650.0))[..., None]  # (1, 3, 1)
+    features = torch.cat([g, first.float()[..., None], torch.sin(g * freq + phase)], dim=-1)
+    torch.testing.assert_close(gap(days, first), proj(features).detach())

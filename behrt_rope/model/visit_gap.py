@@ -79,6 +79,21 @@ class VisitGapEmbedding(nn.Module):
             self.log_gap.proj.bias.zero_()
             self.first_visit.zero_()
 
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
+        """Also load the first layout of this input (session 45: parameters ``freq``, ``phase`` and ``proj`` over
+        ``[log gap, first-visit flag, k periodic]``), mapped exactly onto this one (linear feature at w0 = 1,
+        b0 = 0; the flag's column becomes ``first_visit``)."""
+        if prefix + "freq" in state_dict:
+            weight = state_dict.pop(prefix + "proj.weight")  # (H, k + 2)
+            state_dict[prefix + "log_gap.periodic_weight"] = state_dict.pop(prefix + "freq")
+            state_dict[prefix + "log_gap.periodic_bias"] = state_dict.pop(prefix + "phase")
+            state_dict[prefix + "log_gap.linear_weight"] = torch.ones(1, dtype=weight.dtype)
+            state_dict[prefix + "log_gap.linear_bias"] = torch.zeros(1, dtype=weight.dtype)
+            state_dict[prefix + "log_gap.proj.weight"] = torch.cat([weight[:, :1], weight[:, 2:]], dim=1)
+            state_dict[prefix + "log_gap.proj.bias"] = state_dict.pop(prefix + "proj.bias")
+            state_dict[prefix + "first_visit"] = weight[:, 1].clone()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def forward(self, days: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         """``(B, T)`` days and flags -> ``(B, T, H)``; the features in float32, the projection in any dtype."""
         gap = self.log_gap(torch.log1p(days.float()))  # (B, T, H)
