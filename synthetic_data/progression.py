@@ -193,13 +193,11 @@ class ProgressionSimulation(VisitRounds):
     def transition_rows(self, p: int, idx: np.ndarray, step: np.ndarray, stage: np.ndarray) -> np.ndarray:
         """``(len(idx), 16)`` pair ``p``'s transition rows from joint ``stage`` for patients ``idx`` at chain
         ``step`` (months since birth)."""
-        years = np.minimum(step // 12, MAX_AGE_YEARS - 1)
-        return np.asarray(self.cat.transitions[p, self.female[idx].astype(int), years, stage])
+        return np.asarray(self.cat.transitions[p, self.female[idx].astype(int), _table_year(step), stage])
 
     def carry(self, law: np.ndarray, idx: np.ndarray, step: np.ndarray) -> np.ndarray:
         """``(len(idx), P, 16)`` the laws ``law`` of patients ``idx`` at chain ``step``, one month on."""
-        years = np.minimum(step // 12, MAX_AGE_YEARS - 1)
-        sex = self.female[idx].astype(int)
+        years, sex = _table_year(step), self.female[idx].astype(int)
         out = np.empty_like(law)
         for p in range(self.cat.pairs):
             out[:, p] = np.einsum("ni,nij->nj", law[:, p], self.cat.transitions[p, sex, years])
@@ -215,7 +213,7 @@ class ProgressionSimulation(VisitRounds):
         table = np.zeros((self.cat.pairs, 2, steps, JOINT))
         table[:, :, 0, 0] = 1.0
         for k in range(1, steps):
-            years = min((k - 1) // 12, MAX_AGE_YEARS - 1)
+            years = _table_year(np.array(k - 1))
             table[:, :, k] = np.einsum("psi,psij->psj", table[:, :, k - 1], self.cat.transitions[:, :, years])
         return table
 
@@ -335,6 +333,11 @@ class StageFilter:
         nothing = nothing * np.prod(1.0 - cat.background)  # the visit records no code: Z00.0
         background = np.broadcast_to(cat.background, (len(law), len(cat.background)))
         return np.concatenate([pair_codes, background, nothing[:, None]], axis=1)
+
+
+def _table_year(step: np.ndarray) -> np.ndarray:
+    """The transition tables' age row (whole years, capped at the last) of chain steps (months since birth)."""
+    return np.minimum(step // 12, MAX_AGE_YEARS - 1)
 
 
 def _draw(rng: np.random.Generator, law: np.ndarray) -> np.ndarray:
