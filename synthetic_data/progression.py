@@ -172,57 +172,72 @@ def _monthly(onset: float, remit: float, progress: float, resolve: float, relaps
     return np.asarray(expm(generator / 12.0))
 
 
+class ChainLaw:
+    """A catalogue's chain law for a population: each pair's joint-stage law from birth, and one month's move
+    of any law, by each patient's sex and age."""
+
+    def __init__(self, cat: ProgressionCatalogue, female: np.ndarray, steps: int) -> None:
+        """``female``: ``(n,)`` bool; ``steps``: the months from birth the law table covers."""
+        self.cat, self.sex = cat, female.astype(int)
+        self.table = np.zeros((cat.pairs, 2, steps, JOINT))  # (P, 2, steps, 16) by sex and months since birth
+        self.table[:, :, 0, 0] = 1.0
+        for k in range(1, steps):
+            years = _table_year(np.array(k - 1))
+            self.table[:, :, k] = np.einsum("psi,psij->psj", self.table[:, :, k - 1], cat.transitions[:, :, years])
+
+    def prior(self, idx: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """``(len(idx), P, 16)`` the law of each pair's joint stage ``step`` months after birth in stage 0."""
+        return np.asarray(self.table[:, self.sex[idx], step].transpose(1, 0, 2))
+
+    def carry(self, law: np.ndarray, idx: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """``(len(idx), P, 16)`` the laws ``law`` of patients ``idx`` at chain ``step``, one month on."""
+        years, sex = _table_year(step), self.sex[idx]
+        out = np.empty_like(law)
+        for p in range(self.cat.pairs):
+            out[:, p] = np.einsum("ni,nij->nj", law[:, p], self.cat.transitions[p, sex, years])
+        return out
+
+
 class ProgressionSimulation(VisitRounds):
     """Every patient's hidden stages (simulated month by month over the window) and recorded visits."""
 
     def __init__(
-        self, cfg: SynthConfig, rng: np.random.Generator, cat: ProgressionCatalogue, track_posterior: bool = False
+        self,
+        cfg: SynthConfig,
+        rng: np.random.Generator,
+        cat: ProgressionCatalogue,
+        track_posterior: bool = False,
+        believed: ProgressionCatalogue | None = None,
     ) -> None:
         """``track_posterior``: also keep each patient's stage posterior given the record (the oracle's
-        :meth:`next_visit_probabilities`); it costs more than the simulation itself."""
-        n = cfg.patients
+        :meth:`next_visit_probabilities`); it costs more than the simulation itself. ``believed``: the catalogue
+        that posterior assumes (default ``cat``, the truth; a fitted one gives what a learner told the structure
+        would predict). The records do not depend on it."""
         self.cat, self.codes = cat, cat.codes
         self.start_cohort(cfg, rng)
         self.months = int((self.end - self.start) // MONTH_DAYS) + 1
         self.age_month0 = np.floor((self.start - self.birth) / MONTH_DAYS).astype(np.int64)  # chain steps at month 0
-        self.prior_table = self._prior_table()
+        self.chain = ChainLaw(cat, self.female, self.law_steps)
         self.stages = self._simulate_stages()  # (n, P, months) joint stage of each pair
-        self.diagnosed = np.zeros((n, cat.pairs * CODES_PER_PAIR), dtype=bool)
-        self.belief = StageFilter(self) if track_posterior else None
+        self.diagnosed = np.zeros((cfg.patients, cat.pairs * CODES_PER_PAIR), dtype=bool)
+        self.belief = StageFilter(self, believed) if track_posterior else None
+
+    @property
+    def law_steps(self) -> int:
+        """Months from birth up to the oldest patient's age at the window's end."""
+        return int(self.age_month0.max(initial=0)) + self.months + 1
 
     def transition_rows(self, p: int, idx: np.ndarray, step: np.ndarray, stage: np.ndarray) -> np.ndarray:
         """``(len(idx), 16)`` pair ``p``'s transition rows from joint ``stage`` for patients ``idx`` at chain
         ``step`` (months since birth)."""
         return np.asarray(self.cat.transitions[p, self.female[idx].astype(int), _table_year(step), stage])
 
-    def carry(self, law: np.ndarray, idx: np.ndarray, step: np.ndarray) -> np.ndarray:
-        """``(len(idx), P, 16)`` the laws ``law`` of patients ``idx`` at chain ``step``, one month on."""
-        years, sex = _table_year(step), self.female[idx].astype(int)
-        out = np.empty_like(law)
-        for p in range(self.cat.pairs):
-            out[:, p] = np.einsum("ni,nij->nj", law[:, p], self.cat.transitions[p, sex, years])
-        return out
-
-    def prior(self, idx: np.ndarray, step: np.ndarray) -> np.ndarray:
-        """``(len(idx), P, 16)`` the law of each pair's joint stage ``step`` months after birth in stage 0."""
-        return np.asarray(self.prior_table[:, self.female[idx].astype(int), step].transpose(1, 0, 2))
-
-    def _prior_table(self) -> np.ndarray:
-        """``(P, 2, steps, 16)`` the chain's law by sex and months since birth, up to the oldest age in the window."""
-        steps = int(self.age_month0.max(initial=0)) + self.months + 1
-        table = np.zeros((self.cat.pairs, 2, steps, JOINT))
-        table[:, :, 0, 0] = 1.0
-        for k in range(1, steps):
-            years = _table_year(np.array(k - 1))
-            table[:, :, k] = np.einsum("psi,psij->psj", table[:, :, k - 1], self.cat.transitions[:, :, years])
-        return table
-
     def _simulate_stages(self) -> np.ndarray:
         """``(n, P, months)`` joint stages: drawn from the chain's law at the window's start, then month by month."""
         n, rng = self.cfg.patients, self.rng
         everyone = np.arange(n)
         stages = np.empty((n, self.cat.pairs, self.months), dtype=np.int8)
-        stages[:, :, 0] = _draw(rng, self.prior(everyone, self.age_month0))
+        stages[:, :, 0] = _draw(rng, self.chain.prior(everyone, self.age_month0))
         for m in range(1, self.months):
             for p in range(self.cat.pairs):
                 rows = self.transition_rows(p, everyone, self.age_month0 + m - 1, stages[:, p, m - 1])
@@ -284,34 +299,41 @@ class ProgressionSimulation(VisitRounds):
 
 
 class StageFilter:
-    """The posterior of every pair's joint stage given each patient's record so far (a forward filter)."""
+    """The posterior of every pair's joint stage given each patient's record so far (a forward filter), under
+    the catalogue ``believed`` (default: the simulation's own)."""
 
-    def __init__(self, sim: ProgressionSimulation) -> None:
+    def __init__(self, sim: ProgressionSimulation, believed: ProgressionCatalogue | None = None) -> None:
         self.sim = sim
+        self.cat = sim.cat if believed is None else believed
+        self.chain = sim.chain if believed is None else ChainLaw(believed, sim.female, sim.law_steps)
         self.law = np.zeros((sim.cfg.patients, sim.cat.pairs, JOINT))  # after the last visit, at its month
         self.step = np.zeros(sim.cfg.patients, dtype=np.int64)  # chain step (months from birth) of that law
+        self.log_likelihood = np.zeros(sim.cfg.patients)
+        """``(n,)`` each patient's log-likelihood of the pair codes recorded so far, under ``believed``."""
 
     def observe(self, idx: np.ndarray, day: np.ndarray, hits: np.ndarray, visit: int) -> None:
         """Take in a round of visits (number ``visit``) on ``day`` that recorded ``hits`` ``(len(idx), codes)``."""
         sim = self.sim
         to_step = sim.age_month0[idx] + sim.month(day)
         if visit == 0:
-            law = sim.prior(idx, to_step)
+            law = self.chain.prior(idx, to_step)
         else:
             law, step = self.law[idx], self.step[idx].copy()
             while (moving := step < to_step).any():
-                law[moving] = sim.carry(law[moving], idx[moving], step[moving])
+                law[moving] = self.chain.carry(law[moving], idx[moving], step[moving])
                 step[moving] += 1
         pair_hits = hits[:, : sim.cat.pairs * CODES_PER_PAIR].reshape(idx.size, sim.cat.pairs, 1, CODES_PER_PAIR)
-        chance = sim.cat.emission[None]  # (1, P, 16, 4)
+        chance = self.cat.emission[None]  # (1, P, 16, 4)
         law = law * np.where(pair_hits, chance, 1.0 - chance).prod(axis=-1)  # (m, P, 16) times the likelihood
-        self.law[idx] = law / law.sum(axis=-1, keepdims=True)
+        evidence = law.sum(axis=-1, keepdims=True)  # (m, P, 1) each pair's codes' chance given the record before
+        self.log_likelihood[idx] += np.log(evidence).sum(axis=(1, 2))
+        self.law[idx] = law / evidence
         self.step[idx] = to_step
 
     def next_visit_probabilities(self, idx: np.ndarray, nodes: int = GAP_NODES) -> np.ndarray:
         """``(len(idx), codes)`` chance of each code at the next visit, over the day of that visit: the law
         carried month by month, each month's code chances weighted by the gap nodes that fall in it."""
-        sim, cat = self.sim, self.sim.cat
+        sim, cat = self.sim, self.cat
         days, weights = sim.next_day_nodes(idx, nodes)
         ahead = sim.age_month0[idx, None] + sim.month(days) - self.step[idx, None]  # (m, nodes) months on
         law, step = self.law[idx].copy(), self.step[idx].copy()
@@ -321,13 +343,13 @@ class StageFilter:
             rows = np.flatnonzero(weight > 0)
             out[rows] += weight[rows, None] * self._code_chances(law[rows])
             rows = np.flatnonzero(ahead.max(axis=1) > k)
-            law[rows] = sim.carry(law[rows], idx[rows], step[rows])
+            law[rows] = self.chain.carry(law[rows], idx[rows], step[rows])
             step[rows] += 1
         return out
 
     def _code_chances(self, law: np.ndarray) -> np.ndarray:
         """``(m, codes)`` chance of each code at a visit, given ``(m, P, 16)`` laws of the joint stages there."""
-        cat = self.sim.cat
+        cat = self.cat
         pair_codes = np.einsum("mpj,pjc->mpc", law, cat.emission).reshape(len(law), CODES_PER_PAIR * cat.pairs)
         nothing = np.einsum("mpj,pj->mp", law, (1.0 - cat.emission).prod(axis=-1)).prod(axis=1)  # (m,)
         nothing = nothing * np.prod(1.0 - cat.background)  # the visit records no code: Z00.0
@@ -354,13 +376,14 @@ def generate_progression(cfg: SynthConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
     return sim.tables()
 
 
-def progression_oracle(cfg: SynthConfig) -> pd.DataFrame:
+def progression_oracle(cfg: SynthConfig, believed: ProgressionCatalogue | None = None) -> pd.DataFrame:
     """Next-visit probabilities at one random cut visit per patient with at least two visits, from the stage
     posterior given the record up to the cut (:meth:`StageFilter.next_visit_probabilities`); the columns of
-    :func:`synthetic_data.oracle.oracle_table`."""
+    :func:`synthetic_data.oracle.oracle_table`. With ``believed`` the posterior assumes that catalogue instead
+    of the true one (same records, same cuts)."""
     cat = draw_catalogue(cfg)
 
     def simulation() -> ProgressionSimulation:
-        return ProgressionSimulation(cfg, np.random.default_rng(cfg.seed), cat, track_posterior=True)
+        return ProgressionSimulation(cfg, np.random.default_rng(cfg.seed), cat, track_posterior=True, believed=believed)
 
     return cut_oracle_table(cfg, simulation, cat.codes)

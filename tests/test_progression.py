@@ -29,7 +29,7 @@ def _run_with_filter(cfg: SynthConfig, at_visit: int):
 
     def before(idx: np.ndarray, day: np.ndarray) -> None:
         if idx.size and (sim.visits[idx] == at_visit).all():  # the round of visit number at_visit
-            blind.law[idx], blind.step[idx] = sim.prior(idx, belief.step[idx]), belief.step[idx]
+            blind.law[idx], blind.step[idx] = sim.chain.prior(idx, belief.step[idx]), belief.step[idx]
             out["informed"], out["blind"] = belief.next_visit_probabilities(idx), blind.next_visit_probabilities(idx)
 
     def after(idx: np.ndarray, day: np.ndarray, hits: np.ndarray, visit: int) -> None:
@@ -79,7 +79,7 @@ def test_the_stages_follow_the_chain_and_emission_rates():
     cfg = SynthConfig(patients=4000, seed=22, process="progression")
     sim = ProgressionSimulation(cfg, np.random.default_rng(cfg.seed), draw_catalogue(cfg))
     everyone = np.arange(cfg.patients)
-    law = sim.prior(everyone, sim.age_month0)  # (n, P, 16)
+    law = sim.chain.prior(everyone, sim.age_month0)  # (n, P, 16)
     observed = np.eye(JOINT)[sim.stages[:, :, 0]]  # (n, P, 16)
     np.testing.assert_allclose(observed.mean(axis=0), law.mean(axis=0), atol=0.02)
     for stage in np.divmod(sim.stages.astype(int), STAGES):  # parent, child
