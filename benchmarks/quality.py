@@ -31,7 +31,9 @@ With ``--reach`` the recurrence cohorts also fit the generator's own form on the
 visit's day and on the cut's, all four fits on one simulation): how much of the gap a learner that knew the
 equations closes from the same data (``reach``, and a table of its own). Read on the predicted visit's day
 the fit is told when that visit falls, which no prediction is; read on the cut's, it is not: the two bound
-what such a learner reaches.
+what such a learner reaches. The progression cohorts instead fit the generator's hidden Markov model, its
+structure told, by maximum likelihood on the same train patients (``benchmarks/progression_reach.py``) and
+predict with its filter at the oracle's cuts (``reach.fitted_structure``).
 With ``--markdown FILE`` it also writes the tables that ``docs/benchmarks.md`` shows.
 
 The cohorts differ in structure, and their seeds are ones the defaults were never tuned on:
@@ -74,6 +76,7 @@ from behrt_rope import schema as S  # noqa: E402
 from behrt_rope.data.sequences import load_tokens  # noqa: E402
 from behrt_rope.evaluation.ceiling import HISTORY_PARTS, format_share  # noqa: E402
 from behrt_rope.evaluation.report import REFERENCE_NAMES, replicate_difference  # noqa: E402
+from benchmarks.progression_reach import reach as progression_reach  # noqa: E402
 from benchmarks.recurrence_ceiling import fitted_forms  # noqa: E402
 from synthetic_data.generator import SynthConfig  # noqa: E402
 from synthetic_data.record_oracle import record_oracle_table  # noqa: E402
@@ -167,9 +170,9 @@ def run_cohort(
 ) -> dict[str, Any]:
     """Every stage on one cohort (its seed moved by ``seed_offset``, see :func:`cohort_args`); the figures of
     its evaluation and the cost of each stage. With ``record_particles`` (clinical cohorts) also the record
-    oracle of the held-out patients; with ``reach`` (recurrence cohorts) also the generator's own form fitted on
-    the same patients (:func:`fitted_form_reach`). The oracles give next-visit probabilities, so a ``6m`` or
-    ``12m`` ``task`` is measured against the references only."""
+    oracle of the held-out patients; with ``reach`` (recurrence and progression cohorts) also a learner told the
+    generator's structure, fitted on the same patients (:func:`told_learner_reach`). The oracles give next-visit
+    probabilities, so a ``6m`` or ``12m`` ``task`` is measured against the references only."""
     d = {s: work / name / s for s in ("cohort", "etl", "pretrain", "finetune", "evaluate")}
     oracle = task == "next_visit"
     against_oracle = [f"oracle={d['cohort']}"] if oracle else []
@@ -258,10 +261,12 @@ def run_cohort(
     finetune = json.loads((d["finetune"] / "metrics.json").read_text())
     manifest = json.loads((d["etl"] / "manifest.json").read_text())
     wide_metrics = json.loads((work / name / "evaluate_with_wide" / "metrics.json").read_text()) if with_wide else None
-    recurrence = "synth.process=recurrence" in COHORTS[name]
     reached = (
-        {"reach": fitted_form_reach(d["cohort"], d["etl"], metrics, finetune["label_codes"])}
-        if reach and oracle and recurrence and metrics["ceiling"]
+        {"reach": told_learner_reach(name, d["cohort"], d["etl"], metrics, finetune["label_codes"])}
+        if reach
+        and oracle
+        and metrics["ceiling"]
+        and ("synth.process=recurrence" in COHORTS[name] or "synth.process=progression" in COHORTS[name])
         else {}
     )
     return {
@@ -282,6 +287,36 @@ def run_cohort(
         "seconds": seconds,
         "train_cpu_s": round(seconds["pretrain"]["cpu_s"] + seconds["finetune"]["cpu_s"], 1),
         "train_wall_s": round(seconds["pretrain"]["wall_s"] + seconds["finetune"]["wall_s"], 1),
+    }
+
+
+def told_learner_reach(
+    name: str, cohort: Path, etl: Path, metrics: dict[str, Any], labels: list[str]
+) -> dict[str, Any]:
+    """The reach of a learner told the generator's structure on cohort ``name`` (a recurrence or progression
+    one): :func:`fitted_form_reach` or :func:`fitted_structure_reach`."""
+    if "synth.process=progression" in COHORTS[name]:
+        return fitted_structure_reach(cohort, etl, metrics, labels)
+    return fitted_form_reach(cohort, etl, metrics, labels)
+
+
+def fitted_structure_reach(
+    cohort: Path, etl: Path, metrics: dict[str, Any], labels: list[str], max_iter: int = 80
+) -> dict[str, Any]:
+    """How far the progression generator's hidden Markov model, its structure told and its parameters fitted
+    on the same train patients (``benchmarks/progression_reach.py``), gets at the oracle's cuts: scored by
+    :func:`reach_share` over the model's ``labels`` against the evaluation's tuned logistic regression and
+    oracle (``metrics``), with the fit's figures (``max_iter`` L-BFGS iterations)."""
+    cfg = config_lib.build(SynthConfig, config_lib.load_yaml(cohort / S.RESOLVED_CONFIG_FILE)["synth"])
+    predictors = metrics["ceiling"]["predictors"]
+    low, high = (predictors[p]["overall"]["macro_ap"] for p in ("logistic_regression", "oracle"))
+    cpu = time.process_time()
+    out = progression_reach(cfg, etl, max_iter, log=False)
+    return {
+        "fitted_structure": reach_share(out["per_code"], labels, low, high, "fitted_structure"),
+        "oracle_as_scored_here": reach_share(out["per_code"], labels, low, high, "oracle"),
+        "fit": out["fit"],
+        "cpu_s": round(time.process_time() - cpu, 1),
     }
 
 
@@ -317,17 +352,19 @@ def _reach_key(shapes: str) -> str:
     return f"{kind}_shapes" + (f"_{at}" if at else "")
 
 
-def reach_share(per_code: dict[str, dict[str, float]], labels: list[str], low: float, high: float) -> dict[str, Any]:
-    """The fitted form's macro AP over the codes among ``labels`` (matched as written or without their dots, as
-    the ETL may strip them) and the share of the gap from ``low`` to ``high`` (macro AP of the tuned logistic
-    regression and of the oracle at the same cuts) that it closes.
+def reach_share(
+    per_code: dict[str, dict[str, float]], labels: list[str], low: float, high: float, key: str = "fitted_true_form"
+) -> dict[str, Any]:
+    """The fitted learner's (``per_code[code][key]``) macro AP over the codes among ``labels`` (matched as
+    written or without their dots, as the ETL may strip them) and the share of the gap from ``low`` to ``high``
+    (macro AP of the tuned logistic regression and of the oracle at the same cuts) that it closes.
 
     >>> per_code = {c: {"fitted_true_form": ap} for c, ap in (("A01.1", 0.5), ("B02", 0.3), ("C03", 0.9))}
     >>> reach_share(per_code, ["A011", "B02"], 0.2, 0.6)
     {'macro_ap': 0.4, 'codes': 2, 'gap_closed': 0.5}
     """
     wanted = set(labels)
-    aps = [e["fitted_true_form"] for code, e in per_code.items() if code in wanted or code.replace(".", "") in wanted]
+    aps = [e[key] for code, e in per_code.items() if code in wanted or code.replace(".", "") in wanted]
     ap = sum(aps) / len(aps) if aps else math.nan
     return {"macro_ap": round(ap, 5), "codes": len(aps), "gap_closed": round((ap - low) / (high - low), 4)}
 
@@ -413,8 +450,10 @@ def markdown(results: dict[str, Any]) -> str:
     cohorts = results["cohorts"]
     with_cuts = {name: r for name, r in cohorts.items() if "at_oracle_cuts" in r}
     tables = [_cuts_table(with_cuts), _lead_table(with_cuts)] if with_cuts else []
-    reached = {name: r for name, r in cohorts.items() if "reach" in r}
+    reached = {name: r for name, r in cohorts.items() if "reach" in r and "fitted_structure" not in r["reach"]}
     tables += [_reach_table(reached)] if reached else []
+    structures = {name: r for name, r in cohorts.items() if "fitted_structure" in r.get("reach", {})}
+    tables += [_structure_reach_table(structures)] if structures else []
     return "\n".join([*tables, _held_out_table(cohorts), _cost_table(cohorts)])
 
 
@@ -504,6 +543,22 @@ def _reach_table(cohorts: dict[str, Any]) -> str:
         lines.append(
             f"| {cohort} | {model:.0%} | {told:.0%} | {binned:.0%} | {model / told:.0%} | {cut_text} | {cut_share} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def _structure_reach_table(cohorts: dict[str, Any]) -> str:
+    """Gap closed at the oracle's cuts by the model and by the progression model fitted with its structure
+    told (``--reach``), and the model's share of the fit's."""
+    lines = [
+        "| cohort | model | hidden Markov model, structure told, fitted | model / fitted |",
+        "|---|---:|---:|---:|",
+    ]
+    for cohort, r in cohorts.items():
+        model, fitted = (
+            r["at_oracle_cuts"]["model"]["gap_closed"]["point"],
+            r["reach"]["fitted_structure"]["gap_closed"],
+        )
+        lines.append(f"| {cohort} | {model:.0%} | {fitted:.0%} | {model / fitted:.0%} |")
     return "\n".join(lines) + "\n"
 
 
