@@ -220,12 +220,16 @@ def make_batches(rec: Records, patients: np.ndarray, slots_per_batch: int = 1500
 def _batch(
     rec: Records, patients: np.ndarray, keys: np.ndarray, group_of: np.ndarray, groups: np.ndarray, n: int
 ) -> Batch:
+    """The batch of ``groups`` (indices into ``keys``, the groups of ``patients`` by ``group_of``), ``n`` slots a
+    group; slot ``g n + i`` holds group ``g``'s ``i``-th patient, and the slots left over stay empty (a law of
+    zeros, no visits)."""
     slot = np.full(len(rec.female), -1)
     for g, group in enumerate(groups):
         members = patients[group_of == group]
         slot[members] = g * n + np.arange(len(members))
+    members = patients[slot[patients] >= 0]
     month_in_year = np.zeros(len(groups) * n, dtype=np.int64)
-    month_in_year[slot[patients[slot[patients] >= 0]]] = rec.age_month0[patients[slot[patients] >= 0]] % 12
+    month_in_year[slot[members]] = rec.age_month0[members] % 12
     chosen = slot[rec.patient] >= 0
     patient, month, hits = rec.patient[chosen], rec.month[chosen], rec.hits[chosen, : rec.pairs * CODES_PER_PAIR]
     run_start = np.r_[True, (patient[1:] != patient[:-1]) | (month[1:] != month[:-1])]
