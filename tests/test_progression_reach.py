@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from behrt_rope import schema as S
-from behrt_rope.cli import main
 from benchmarks.progression_reach import (
     TorchChain,
     collect_records,
@@ -28,6 +27,7 @@ from synthetic_data.progression import (
     draw_catalogue,
     progression_oracle,
 )
+from tests.fixtures_quality import ceiling_metrics, cohort_with_oracle
 
 SMALL = SynthConfig(patients=400, seed=11, process="progression", codes=16)  # 2 pairs, 7 background codes
 
@@ -97,16 +97,11 @@ def test_the_fit_likes_the_records_at_least_as_well_as_the_truth():
 
 
 def test_quality_reach_scores_the_fitted_structure_over_the_model_s_labels(tmp_path):
-    cohort, etl = tmp_path / "cohort", tmp_path / "etl"
-    assert main(["synth", "--out", str(cohort), "--patients", "400", "--seed", "11", "synth.process=progression",
-                 "synth.codes=16", "oracle=true"]) == 0  # fmt: skip
-    assert main(["etl", "--input", str(cohort), "--out", str(etl), "progress=false", "etl.split.train=0.5",
-                 "etl.split.tuning=0.1", "etl.split.held_out=0.4"]) == 0  # fmt: skip
+    cohort, etl = cohort_with_oracle(tmp_path, 400, 11, "synth.process=progression", "synth.codes=16")
     codes = sorted(pd.read_parquet(cohort / S.ORACLE_FILE)[S.CODE].unique())
     labels = [c.replace(".", "") for c in codes[:8]]
     low, high = 0.1, 0.5
-    metrics = {"ceiling": {"predictors": {"logistic_regression": {"overall": {"macro_ap": low}},
-                                          "oracle": {"overall": {"macro_ap": high}}}}}  # fmt: skip
+    metrics = ceiling_metrics(low, high)
     reach = fitted_structure_reach(cohort, etl, metrics, labels, max_iter=5)
     assert set(reach) == {"fitted_structure", "oracle_as_scored_here", "fit", "cpu_s"}
     for entry in (reach["fitted_structure"], reach["oracle_as_scored_here"]):

@@ -21,6 +21,7 @@ from benchmarks.quality import (
 from benchmarks.quality import main as quality_main
 from benchmarks.recurrence_ceiling import FEATURES, at_cut, collect, design, fitted_forms
 from synthetic_data.generator import SynthConfig
+from tests.fixtures_quality import ceiling_metrics, cohort_with_oracle
 
 
 def _entry(share: float, on_file: float | None, new: float | None) -> dict:
@@ -158,16 +159,11 @@ def test_record_oracle_is_written_for_the_held_out_patients_beside_the_state_ora
 
 
 def test_reach_fits_the_generator_s_form_on_the_train_patients_and_scores_it_over_the_model_s_labels(tmp_path):
-    cohort, etl = tmp_path / "cohort", tmp_path / "etl"
-    assert main(["synth", "--out", str(cohort), "--patients", "400", "--seed", "5", "synth.process=recurrence",
-                 "oracle=true", "oracle_replicas=5"]) == 0  # fmt: skip
-    assert main(["etl", "--input", str(cohort), "--out", str(etl), "progress=false", "etl.split.train=0.5",
-                 "etl.split.tuning=0.1", "etl.split.held_out=0.4"]) == 0  # fmt: skip
+    cohort, etl = cohort_with_oracle(tmp_path, 400, 5, "synth.process=recurrence", "oracle_replicas=5")
     codes = sorted(pd.read_parquet(cohort / S.ORACLE_FILE)[S.CODE].unique())
     labels = [c.replace(".", "") for c in codes[:10]]  # as an ETL that strips dots writes them
     low, high = 0.1, 0.5
-    metrics = {"ceiling": {"predictors": {"logistic_regression": {"overall": {"macro_ap": low}},
-                                          "oracle": {"overall": {"macro_ap": high}}}}}  # fmt: skip
+    metrics = ceiling_metrics(low, high)
     reach = fitted_form_reach(cohort, etl, metrics, labels)
     fits = ("true_shapes", "binned_shapes", "true_shapes_at_cut", "binned_shapes_at_cut")
     assert set(reach) == {*fits, "cpu_s"}
