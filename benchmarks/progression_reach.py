@@ -111,7 +111,8 @@ def collect_records(cfg: SynthConfig) -> Records:
 
 
 class TorchChain(torch.nn.Module):
-    """The progression model's parameters (``P`` pairs) and its forward filter's log-likelihood, in torch."""
+    """The progression model's parameters (``P`` pairs) in torch, and the transition matrices and code chances
+    they imply (:func:`log_likelihood` scores records under them)."""
 
     def __init__(self, pairs: int) -> None:
         super().__init__()
