@@ -44,7 +44,6 @@ from sklearn.metrics import average_precision_score
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from behrt_rope import config as config_lib  # noqa: E402
 from behrt_rope import schema as S  # noqa: E402
 from behrt_rope.data.sequences import load_tokens  # noqa: E402
 from synthetic_data.generator import SynthConfig, patient_ids  # noqa: E402
@@ -424,20 +423,18 @@ def main() -> None:
     parser.add_argument("--work", required=True, type=Path, help="a quality.py cohort folder (cohort, etl, ...)")
     parser.add_argument("--max-iter", type=int, default=80, help="L-BFGS iterations")
     args = parser.parse_args()
-    cohort, etl = args.work / "cohort", args.work / "etl"
-    cfg = config_lib.build(SynthConfig, config_lib.load_yaml(cohort / S.RESOLVED_CONFIG_FILE)["synth"])
-    out = reach(cfg, etl, args.max_iter)
+    from benchmarks.quality import cohort_config, gap_anchors, reach_share  # quality.py imports this module
+
+    out = reach(cohort_config(args.work / "cohort"), args.work / "etl", args.max_iter)
     evaluated = args.work / "evaluate" / "metrics.json"
     if evaluated.exists():  # the model's evaluation: the share of its gap, over its labels
-        from benchmarks.quality import reach_share
-
         metrics = json.loads(evaluated.read_text())
         labels = json.loads((args.work / "finetune" / "metrics.json").read_text())["label_codes"]
-        predictors = metrics["ceiling"]["predictors"]
-        low, high = (predictors[p]["overall"]["macro_ap"] for p in ("logistic_regression", "oracle"))
+        low, high = gap_anchors(metrics)
+        model = metrics["ceiling"]["predictors"]["model"]["overall"]["macro_ap"]
         out["over_the_model_s_labels"] = {
             name: reach_share(out["per_code"], labels, low, high, name) for name in ("fitted_structure", "oracle")
-        } | {"model_gap_closed": round((predictors["model"]["overall"]["macro_ap"] - low) / (high - low), 4)}
+        } | {"model_gap_closed": round((model - low) / (high - low), 4)}
     print(json.dumps({k: v for k, v in out.items() if k != "per_code"} | {"per_code": out["per_code"]}, indent=1))
 
 

@@ -290,6 +290,18 @@ def run_cohort(
     }
 
 
+def cohort_config(cohort: Path) -> SynthConfig:
+    """The synth settings a cohort folder was written with."""
+    return config_lib.build(SynthConfig, config_lib.load_yaml(cohort / S.RESOLVED_CONFIG_FILE)["synth"])
+
+
+def gap_anchors(metrics: dict[str, Any]) -> tuple[float, float]:
+    """An evaluation's (``metrics.json``) macro AP at the oracle's cuts of the tuned logistic regression and of
+    the oracle: the two ends of the gap a share is measured on."""
+    predictors = metrics["ceiling"]["predictors"]
+    return predictors["logistic_regression"]["overall"]["macro_ap"], predictors["oracle"]["overall"]["macro_ap"]
+
+
 def told_learner_reach(
     name: str, cohort: Path, etl: Path, metrics: dict[str, Any], labels: list[str]
 ) -> dict[str, Any]:
@@ -307,11 +319,9 @@ def fitted_structure_reach(
     on the same train patients (``benchmarks/progression_reach.py``), gets at the oracle's cuts: scored by
     :func:`reach_share` over the model's ``labels`` against the evaluation's tuned logistic regression and
     oracle (``metrics``), with the fit's figures (``max_iter`` L-BFGS iterations)."""
-    cfg = config_lib.build(SynthConfig, config_lib.load_yaml(cohort / S.RESOLVED_CONFIG_FILE)["synth"])
-    predictors = metrics["ceiling"]["predictors"]
-    low, high = (predictors[p]["overall"]["macro_ap"] for p in ("logistic_regression", "oracle"))
+    low, high = gap_anchors(metrics)
     cpu = time.process_time()
-    out = progression_reach(cfg, etl, max_iter, log=False)
+    out = progression_reach(cohort_config(cohort), etl, max_iter, log=False)
     return {
         "fitted_structure": reach_share(out["per_code"], labels, low, high, "fitted_structure"),
         "oracle_as_scored_here": reach_share(out["per_code"], labels, low, high, "oracle"),
@@ -327,11 +337,9 @@ def fitted_form_reach(cohort: Path, etl: Path, metrics: dict[str, Any], labels: 
     it is told that day) and on the cut's (``..._at_cut``: what a learner of the record knows), each scored by
     :func:`reach_share` against the evaluation's tuned logistic regression and oracle (``metrics``) over the
     model's ``labels``."""
-    cfg = config_lib.build(SynthConfig, config_lib.load_yaml(cohort / S.RESOLVED_CONFIG_FILE)["synth"])
-    predictors = metrics["ceiling"]["predictors"]
-    low, high = (predictors[p]["overall"]["macro_ap"] for p in ("logistic_regression", "oracle"))
+    low, high = gap_anchors(metrics)
     cpu = time.process_time()
-    fits = fitted_forms(cfg, etl, REACH_FITS)
+    fits = fitted_forms(cohort_config(cohort), etl, REACH_FITS)
     cpu_s = round(time.process_time() - cpu, 1)
     return {_reach_key(shapes): reach_share(fit["per_code"], labels, low, high) for shapes, fit in fits.items()} | {
         "cpu_s": cpu_s
