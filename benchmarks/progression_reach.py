@@ -373,11 +373,11 @@ def reach(cfg: SynthConfig, etl: Path, max_iter: int = 80, log: bool = True) -> 
     cut_day = cuts[S.PREDICTION_TIME].to_numpy().astype("datetime64[D]").astype(np.int64)
     outcome = _next_visit_hits(rec, patient, cut_day)
     row = {p: i for i, p in enumerate(cuts[S.PATIENT_ID])}
+    cols = {c: j for j, c in enumerate(true_cat.codes)}
     scores = {}
     for name, table in tables.items():
         t = table[table[S.PATIENT_ID].isin(row)]
         matrix = np.zeros(outcome.shape)
-        cols = {c: j for j, c in enumerate(true_cat.codes)}
         matrix[t[S.PATIENT_ID].map(row).to_numpy(), t[S.CODE].map(cols).to_numpy()] = t[S.PROBABILITY].to_numpy()
         scores[name] = matrix
     ok = [j for j in range(outcome.shape[1]) if 0 < outcome[:, j].sum() < len(outcome)]
@@ -387,7 +387,7 @@ def reach(cfg: SynthConfig, etl: Path, max_iter: int = 80, log: bool = True) -> 
         }
         for j in ok
     }
-    true_nll = -_true_log_likelihood(cfg, train) / int(np.isin(rec.patient, train).sum())
+    true_nll = -records_log_likelihood(rec, train, true_cat) / int(np.isin(rec.patient, train).sum())
     return {
         "samples_at_cuts": len(outcome),
         "codes": len(ok),
@@ -409,13 +409,15 @@ def _next_visit_hits(rec: Records, patient: np.ndarray, cut_day: np.ndarray) -> 
     return out
 
 
-def _true_log_likelihood(cfg: SynthConfig, patients: np.ndarray) -> float:
-    """The log-likelihood of the pair codes recorded for ``patients`` under the true parameters (the oracle's
-    filter)."""
-    sim = ProgressionSimulation(cfg, np.random.default_rng(cfg.seed), draw_catalogue(cfg), track_posterior=True)
-    sim.run_visits()
-    assert sim.belief is not None
-    return float(sim.belief.log_likelihood[patients].sum())
+def records_log_likelihood(rec: Records, patients: np.ndarray, cat: ProgressionCatalogue) -> float:
+    """The log-likelihood of the pair codes recorded for ``patients`` under catalogue ``cat`` (float64; the
+    oracle's filter's :attr:`~synthetic_data.progression.StageFilter.log_likelihood` summed, without simulating
+    the cohort again)."""
+    transitions = torch.as_tensor(cat.transitions)
+    prior = prior_table(transitions, int(rec.age_month0.max()) + rec.months + 1)
+    emission = torch.as_tensor(cat.emission)
+    with torch.no_grad():
+        return sum(float(log_likelihood(transitions, prior, emission, b)) for b in make_batches(rec, patients))
 
 
 def main() -> None:
