@@ -109,6 +109,9 @@ class ModelConfig:
     tuning split (``finetune`` ``sparse_time_share``). On since session 11: tuning macro AP 0.4082 / 0.2538
     against 0.4021 / 0.2509 without it on two cohorts (gradient boosting 0.4009 / 0.2411), about 40 s more
     fine-tuning for 40,000 samples (docs/benchmarks.md, "Tenth round"). False: the deep model alone."""
+    state_filter: int = 0
+    """Fine-tuning head (visit pooling): states of a learned continuous-time hidden-state chain per label, whose
+    forward filter over the visits adds one logit per label to the deep part (``state_filter.py``); 0: off."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -122,6 +125,8 @@ class ModelConfig:
             )
         if self.age_basis < 0:
             raise ValueError(f"age_basis must be >= 0, got {self.age_basis}")
+        if self.state_filter < 0 or self.state_filter == 1:
+            raise ValueError(f"state_filter (states per label chain) must be 0 (off) or >= 2, got {self.state_filter}")
         if self.label_attention_heads < 0:
             raise ValueError(f"label_attention_heads must be >= 0, got {self.label_attention_heads}")
         if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attention_dropout < 1.0:
@@ -139,5 +144,6 @@ HEAD_FIELDS = (
     "wide",
     "wide_time",
     "sparse_time",
+    "state_filter",
 )
 """ModelConfig fields of the fine-tuning head; the encoder's other fields come with a pre-trained encoder."""

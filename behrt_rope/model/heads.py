@@ -14,6 +14,7 @@ from behrt_rope.model.encoder import BehrtEncoder, init_weights, positions_for
 from behrt_rope.model.label_attention import LabelAttention
 from behrt_rope.model.label_codes import LabelCodeMaps, label_vectors
 from behrt_rope.model.sparse_time_path import SparseTimePath
+from behrt_rope.model.state_filter import HiddenStateFilter
 from behrt_rope.model.token_label_attention import TokenLabelAttention, label_id_tensor
 from behrt_rope.model.wide import WidePath
 from behrt_rope.schema import PAD_ID, SEP_ID
@@ -143,6 +144,9 @@ class BehrtForMultiLabel(nn.Module):
         if visit and config.wide:
             self.wide = WidePath(config.vocab_size, num_labels, config.wide_time, label_token_ids)
         self.sparse_time = SparseTimePath(num_labels, label_token_ids) if visit and config.sparse_time else None
+        self.state_filter = None
+        if visit and config.state_filter:
+            self.state_filter = HiddenStateFilter(config.vocab_size, num_labels, config.state_filter)
         use_label_attention = visit and config.label_attention_heads > 0
         self.label_attention: LabelAttention | TokenLabelAttention | None = None
         if use_label_attention and config.label_attention_keys == "token":
@@ -272,7 +276,7 @@ class BehrtForMultiLabel(nn.Module):
         if score_at is None:
             raise ValueError("visit pooling needs score_at: the [SEP] positions to score")
         hidden = self.encoder(token_ids, ages, segments, visit_index, attention_mask, visit_causal=True, sex=sex)
-        return self.visit_head_logits(hidden, token_ids, ages, visit_index, score_at)
+        return self.visit_head_logits(hidden, token_ids, ages, visit_index, score_at, sex)
 
     def visit_head_logits(
         self,
@@ -281,6 +285,7 @@ class BehrtForMultiLabel(nn.Module):
         ages: torch.Tensor,
         visit_index: torch.Tensor,
         score_at: torch.Tensor,
+        sex: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The deep part's ``(N, L)`` logits from the ``(B, T, H)`` states of a visit-causal encoder pass
         (visit pooling): everything :meth:`deep_logits` does after the encoder, so that a head can be scored or
@@ -303,6 +308,8 @@ class BehrtForMultiLabel(nn.Module):
             logits = logits + self.label_attention(self.drop(hidden), visit_end, positions, ages, score_at)
         if self.wide is not None:
             logits = logits + self.wide(token_ids, visit_index, ages, score_at).to(logits.dtype)  # (N, L)
+        if self.state_filter is not None:
+            logits = logits + self.state_filter(token_ids, visit_index, ages, score_at, sex).to(logits.dtype)
         return logits
 
 

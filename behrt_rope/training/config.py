@@ -24,6 +24,9 @@ class TrainerConfig:
     """Peak learning rate of AdamW, reached after the warm-up."""
     wide_lr_scale: float = 10.0
     """Learning-rate multiplier of the fine-tuning head's wide (bag-of-codes) linear path."""
+    state_filter_lr_scale: float = 10.0
+    """Learning-rate multiplier of the fine-tuning head's hidden-state filter (``model.state_filter``): its
+    rates, priors and evidence weights are of order 1 and start far from where they end."""
     encoder_lr_scale: float = 1.0
     """Learning-rate multiplier of the encoder (embeddings and blocks), e.g. 0.3 to fine-tune a pre-trained
     encoder more gently than the freshly initialised head."""
@@ -86,5 +89,5 @@ class TrainerConfig:
             raise ValueError(f"max_minutes must be >= 0 (0: no budget), got {self.max_minutes}")
         if self.early_stopping_patience < 0 or self.early_stopping_ratio < 0:
             raise ValueError("early_stopping_patience and early_stopping_ratio must be >= 0")
-        if min(self.wide_lr_scale, self.encoder_lr_scale, self.head_lr_scale) < 0:
-            raise ValueError("wide_lr_scale, encoder_lr_scale and head_lr_scale must be >= 0")
+        if min(self.wide_lr_scale, self.state_filter_lr_scale, self.encoder_lr_scale, self.head_lr_scale) < 0:
+            raise ValueError("wide_lr_scale, state_filter_lr_scale, encoder_lr_scale and head_lr_scale must be >= 0")

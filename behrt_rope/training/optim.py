@@ -101,7 +101,7 @@ def build_optimizer(
     model: torch.nn.Module, cfg: TrainerConfig, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """The optimizer and a per-step scheduler for ``total_steps`` optimizer steps."""
-    scales = {"wide": cfg.wide_lr_scale, "encoder": cfg.encoder_lr_scale}
+    scales = {"wide": cfg.wide_lr_scale, "state_filter": cfg.state_filter_lr_scale, "encoder": cfg.encoder_lr_scale}
     groups = parameter_groups(model, cfg.weight_decay, cfg.learning_rate, scales, cfg.head_lr_scale)
     optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate)
     warmup = max(1, int(cfg.warmup_fraction * total_steps))

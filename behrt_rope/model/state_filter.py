@@ -1,0 +1,188 @@
+"""Per-label hidden-state filter: a learned continuous-time hidden Markov model, read visit by visit.
+
+Many conditions behave like a hidden state that moves in time (absent, early, established, treated, ...)
+and shows only through what visits record: a symptom code now and then early on, the diagnosis once it is
+established, little once it resolves. What a record says about the next visit then depends on the *order*
+and *spacing* of what was recorded, in a way that counts and recencies only approximate. This path gives
+each label ``l`` its own ``K``-state chain and runs its forward filter over the visits:
+
+* at the first visit, the state distribution is a learned function of age and sex
+  (``softmax_k(prior_l . [1, a, a^2, female, male])``, ``a = (age - 50) / 20``);
+* between visits ``t - 1`` and ``t``, ``g`` years apart, it moves by the chain's transition matrix
+  ``expm(Q_l g)``, where ``Q_l`` has off-diagonal rates per year ``softplus(r_l + r_age_l a + r_sex_l female)``
+  (a proportional-hazards-like dependence on the age at ``t - 1``);
+* at each visit it is reweighed by that visit's evidence, a learned log-potential per state from the codes
+  recorded there (``sum_c W[c, l, k]`` over the visit's distinct codes, plus a per-state bias for a visit
+  as such) and renormalised;
+* label ``l``'s logit at a scored visit is ``logit(sum_k pi_k sigmoid(e_lk))``: each state's chance of
+  recording ``l`` at the next visit, weighed by the filtered state.
+
+This is the forward filter of a continuous-time HMM, as in disease-progression models (e.g. Liu et al. 2015,
+"Efficient learning of continuous-time hidden Markov models for disease progression"), with the emission
+likelihood replaced by discriminatively trained potentials (a visit's log-likelihood under independent code
+emissions is linear in its multi-hot codes, so nothing is lost for that family). Everything is learned by
+gradient descent with the rest of the head; nothing is computed outside the model. The states carry no names:
+``K`` is a capacity, not a claim about any disease.
+
+Shapes: ``B`` patients, ``T`` tokens, ``V`` visits (the largest visit index + 1), ``N`` scored positions,
+``L`` labels, ``K`` states, ``C`` the vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from behrt_rope.schema import N_SPECIAL, SEP_ID
+
+AGE_CENTRE = 50.0
+"""Years: the age at which the rates' age term is zero."""
+AGE_SCALE = 20.0
+"""Years per unit of the age term."""
+FEMALE, MALE = 1, 2
+"""Sex ids (``schema.SEX_VALUES`` positions)."""
+PRIOR_FEATURES = 5
+"""1, a, a^2, female, male."""
+INITIAL_RATE = -2.0
+"""Initial pre-softplus rate: about 0.13 moves a year between any two states."""
+AGE_STEP = 10.0
+"""Years between the age grid's points, from 0 to 110; rates at ages in between are interpolated."""
+AGE_GRID = tuple(AGE_STEP * i for i in range(12))
+SMALLEST_GAP = 1.0 / 64.0
+"""Years (about 5.7 days): the gap grid is 0, then ``SMALLEST_GAP x 2^j``."""
+GAP_POINTS = 14
+"""Grid points: 0 and ``2^j / 64`` years for ``j = 0 .. 12`` (up to 64 years)."""
+PROBABILITY_FLOOR = 1e-6
+"""Chances are kept in [floor, 1 - floor] before the logit."""
+
+
+class HiddenStateFilter(nn.Module):
+    """``(B, T)`` token stream -> ``(N, L)`` logits of each label at the next visit, from ``L`` learned chains."""
+
+    def __init__(self, vocab_size: int, num_labels: int, num_states: int = 4) -> None:
+        super().__init__()
+        if num_states < 2:
+            raise ValueError(f"a hidden-state filter needs at least 2 states, got {num_states}")
+        L, K = num_labels, num_states
+        self.vocab_size, self.num_labels, self.num_states = vocab_size, L, K
+        moves = K * (K - 1)
+        # Symmetry breaking: chains start a little apart, so their states can take different roles.
+        self.rate = nn.Parameter(INITIAL_RATE + 0.1 * torch.randn(L, moves))
+        self.rate_age = nn.Parameter(torch.zeros(L, moves))
+        self.rate_sex = nn.Parameter(torch.zeros(L, moves))
+        self.prior = nn.Parameter(0.1 * torch.randn(L, K, PRIOR_FEATURES))
+        self.evidence = nn.Parameter(0.01 * torch.randn(vocab_size, L * K))
+        self.visit_evidence = nn.Parameter(torch.zeros(L, K))
+        self.emission = nn.Parameter(-2.0 + 0.5 * torch.randn(L, K))
+        off_diagonal = (~torch.eye(K, dtype=torch.bool)).nonzero()  # (moves, 2) (from, to)
+        self.register_buffer("move_from", off_diagonal[:, 0].clone(), persistent=False)
+        self.register_buffer("move_to", off_diagonal[:, 1].clone(), persistent=False)
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        visit_index: torch.Tensor,
+        ages: torch.Tensor,
+        score_at: torch.Tensor,
+        sex: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``(B, T)`` ids, visit numbers, ages in years, the scored [SEP] mask and sex ids -> ``(N, L)``
+        float32 logits (rows in row-major order of ``score_at``). Always in float32, also under autocast."""
+        with torch.autocast(token_ids.device.type, enabled=False):
+            visit_ages = _visit_ages(token_ids, visit_index, ages)  # (B, V)
+            sex_ids = sex[:, 0] if sex is not None else torch.zeros_like(token_ids[:, 0])
+            female, male = (sex_ids == FEMALE).float(), (sex_ids == MALE).float()  # (B,)
+            evidence = self._visit_evidence(token_ids, visit_index, visit_ages.shape[1])  # (B, V, L, K)
+            scored_rows, scored_cols = score_at.nonzero(as_tuple=True)
+            scored_visits = visit_index[scored_rows, scored_cols]  # (N,)
+            last = int(scored_visits.max()) + 1 if len(scored_visits) else 0
+            emission = torch.sigmoid(self.emission)  # (L, K)
+            state = self._first_state(visit_ages[:, 0], female, male)  # (B, L, K)
+            table = self.transition_table() if last > 1 else None
+            chances = []
+            for t in range(last):
+                if t > 0:
+                    gap = (visit_ages[:, t] - visit_ages[:, t - 1]).clamp(min=0.0)  # (B,) years
+                    state = self._carry(state, table, visit_ages[:, t - 1], female, gap)
+                state = torch.softmax(torch.log(state.clamp(min=1e-30)) + evidence[:, t], dim=-1)
+                chances.append((state * emission).sum(-1))  # (B, L)
+            if not chances:
+                return torch.zeros(0, self.num_labels, device=token_ids.device)
+            chance = torch.stack(chances, dim=1)[scored_rows, scored_visits]  # (N, L)
+            chance = chance.clamp(PROBABILITY_FLOOR, 1.0 - PROBABILITY_FLOOR)
+            return torch.log(chance) - torch.log1p(-chance)
+
+    def generator(self, age: torch.Tensor, female: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` ages in years and female flags -> ``(B, L, K, K)`` rate matrices per year (rows sum to 0)."""
+        a = ((age - AGE_CENTRE) / AGE_SCALE)[:, None, None]  # (B, 1, 1)
+        rates = F.softplus(self.rate + self.rate_age * a + self.rate_sex * female[:, None, None])  # (B, L, moves)
+        q = rates.new_zeros(len(age), self.num_labels, self.num_states, self.num_states)
+        q[:, :, self.move_from, self.move_to] = rates
+        return q - torch.diag_embed(q.sum(-1))
+
+    def _first_state(self, age: torch.Tensor, female: torch.Tensor, male: torch.Tensor) -> torch.Tensor:
+        """``(B, L, K)`` state distribution before the first visit's evidence."""
+        a = (age - AGE_CENTRE) / AGE_SCALE
+        features = torch.stack([torch.ones_like(a), a, a * a, female, male], dim=-1)  # (B, 5)
+        return torch.softmax(torch.einsum("lkf,bf->blk", self.prior, features), dim=-1)
+
+    def transition_table(self) -> torch.Tensor:
+        """``(2, A, G, L, K, K)``: the transition matrix of every chain at each grid point of (female, age,
+        gap): the identity at gap 0, ``expm(Q_l(age, sex) g0)`` at the smallest gap and its repeated squares
+        (``P(2 g) = P(g)^2``, exact) above, so one small batched matrix exponential per forward pass."""
+        female = torch.tensor([0.0, 1.0], device=self.rate.device)
+        ages = torch.tensor(AGE_GRID, device=self.rate.device)
+        female, ages = (grid.reshape(-1) for grid in torch.meshgrid(female, ages, indexing="ij"))  # (2 A,)
+        step = torch.linalg.matrix_exp(self.generator(ages, female) * SMALLEST_GAP)  # (2 A, L, K, K)
+        powers = [torch.eye(self.num_states, device=step.device).expand_as(step), step]
+        for _ in range(GAP_POINTS - 2):
+            square = powers[-1] @ powers[-1]
+            powers.append(square / square.sum(-1, keepdim=True))  # float32 rounding would drift off 1
+        table = torch.stack(powers, dim=1)  # (2 A, G, L, K, K)
+        return table.view(2, len(AGE_GRID), GAP_POINTS, self.num_labels, self.num_states, self.num_states)
+
+    def _carry(
+        self, state: torch.Tensor, table: torch.Tensor, age: torch.Tensor, female: torch.Tensor, gap: torch.Tensor
+    ) -> torch.Tensor:
+        """Move ``(B, L, K)`` distributions ``gap`` ``(B,)`` years on, at the rates of ``age`` ``(B,)``: the
+        transition matrix is read off ``table`` (:meth:`transition_table`) bilinearly in age and in the gap's
+        grid position (:func:`_gap_position`); a convex mix of transition matrices is one too."""
+        sex = female.long()
+        a = (age / AGE_STEP).clamp(0.0, len(AGE_GRID) - 1.0)
+        u = _gap_position(gap)
+        a0, u0 = a.floor().long().clamp(max=len(AGE_GRID) - 2), u.floor().long().clamp(max=GAP_POINTS - 2)
+        wa, wu = (a - a0)[:, None, None, None], (u - u0)[:, None, None, None]
+        transition = (
+            (1 - wa) * ((1 - wu) * table[sex, a0, u0] + wu * table[sex, a0, u0 + 1])
+            + wa * ((1 - wu) * table[sex, a0 + 1, u0] + wu * table[sex, a0 + 1, u0 + 1])
+        )  # (B, L, K, K)
+        return (state[..., :, None] * transition).sum(-2)
+
+    def _visit_evidence(self, token_ids: torch.Tensor, visit_index: torch.Tensor, visits: int) -> torch.Tensor:
+        """``(B, V, L, K)``: each visit's log-potentials, from its distinct codes (special tokens and padding
+        carry none) plus the per-visit bias."""
+        B = len(token_ids)
+        codes = token_ids >= N_SPECIAL  # (B, T)
+        recorded = torch.zeros(B, visits, self.vocab_size, device=token_ids.device)
+        rows = torch.arange(B, device=token_ids.device)[:, None].expand_as(token_ids)
+        recorded[rows[codes], visit_index[codes], token_ids[codes]] = 1.0  # a code counts once per visit
+        evidence = (recorded @ self.evidence).view(B, visits, self.num_labels, self.num_states)
+        return evidence + self.visit_evidence
+
+
+def _gap_position(gap: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` gaps in years -> their fractional position on the gap grid: linear between 0 and the smallest
+    gap, then in ``log2`` between its doublings; clamped to the grid."""
+    doublings = torch.log2(gap.clamp(min=SMALLEST_GAP) / SMALLEST_GAP)
+    position = torch.where(gap < SMALLEST_GAP, gap / SMALLEST_GAP, 1.0 + doublings)
+    return position.clamp(0.0, GAP_POINTS - 1.0)
+
+
+def _visit_ages(token_ids: torch.Tensor, visit_index: torch.Tensor, ages: torch.Tensor) -> torch.Tensor:
+    """``(B, V)`` float32: each visit's age in years, read at its [SEP] (0 for visits a row does not have)."""
+    visits = int(visit_index.max()) + 1 if visit_index.numel() else 1
+    sep = token_ids == SEP_ID
+    out = torch.zeros(len(token_ids), visits + 1, device=ages.device)
+    column = torch.where(sep, visit_index, torch.full_like(visit_index, visits))  # non-[SEP] -> spare column
+    return out.scatter(1, column, ages.float())[:, :visits]
