@@ -84,7 +84,9 @@ def cache_states(
 def head_logits(model: BehrtForMultiLabel, batch: CachedBatch) -> torch.Tensor:
     """``(N, L)`` deep-part logits of a cached batch."""
     x = batch.inputs
-    return model.visit_head_logits(batch.hidden, x["token_ids"], x["ages"], x["visit_index"], batch.score_at)
+    return model.visit_head_logits(
+        batch.hidden, x["token_ids"], x["ages"], x["visit_index"], batch.score_at, x.get("sex")
+    )
 
 
 def split_scores(model: BehrtForMultiLabel, batches: list[CachedBatch], with_model: bool = True) -> dict[str, float]:

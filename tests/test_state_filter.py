@@ -55,8 +55,13 @@ def _grid_transition(g, label, K, age, gap, female):
     position = gap * 64 if gap < 1 / 64 else 1 + np.log2(gap * 64)
     u0, wu = int(np.floor(position)), position - np.floor(position)
     a0, wa = int(age // 10), (age % 10) / 10
-    gap_at = lambda u: 0.0 if u == 0 else 2.0 ** (u - 1) / 64
-    at_age = lambda grid_age: (1 - wu) * exact(grid_age, gap_at(u0)) + wu * exact(grid_age, gap_at(u0 + 1))
+
+    def gap_at(u):
+        return 0.0 if u == 0 else 2.0 ** (u - 1) / 64
+
+    def at_age(grid_age):
+        return (1 - wu) * exact(grid_age, gap_at(u0)) + wu * exact(grid_age, gap_at(u0 + 1))
+
     return (1 - wa) * at_age(10 * a0) + wa * at_age(10 * (a0 + 1))
 
 
@@ -138,13 +143,16 @@ def test_the_filter_learns_a_hidden_onset_that_counts_alone_miss():
             on = on or rng.random() < 0.15
             codes = [A] if on and rng.random() < 0.3 else []
             codes += [B] if on and rng.random() < 0.6 else []
-            ids += codes + [SEP_ID]
+            ids += [*codes, SEP_ID]
             visit += [t] * (len(codes) + 1)
             ages += [age] * (len(codes) + 1)
             age += 0.5
         rows.append((ids, visit, ages))
     width = max(len(r[0]) for r in rows)
-    pad = lambda values, fill: torch.tensor([v + [fill] * (width - len(v)) for v in values])
+
+    def pad(values, fill):
+        return torch.tensor([v + [fill] * (width - len(v)) for v in values])
+
     ids = pad([r[0] for r in rows], PAD_ID)
     visit, ages = pad([r[1] for r in rows], 0), pad([r[2] for r in rows], 0.0)
     score_at = ids == SEP_ID
@@ -167,7 +175,9 @@ def test_the_filter_learns_a_hidden_onset_that_counts_alone_miss():
         opt.zero_grad()
         loss.backward()
         opt.step()
-    probe = torch.tensor([[CLS_ID, A, SEP_ID, SEP_ID, SEP_ID, SEP_ID], [CLS_ID, SEP_ID, SEP_ID, SEP_ID, SEP_ID, PAD_ID]])
+    probe = torch.tensor(
+        [[CLS_ID, A, SEP_ID, SEP_ID, SEP_ID, SEP_ID], [CLS_ID, SEP_ID, SEP_ID, SEP_ID, SEP_ID, PAD_ID]]
+    )
     probe_visit = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 0, 1, 2, 3, 0]])
     probe_ages = 40.0 + 0.5 * probe_visit.float()
     chance = torch.sigmoid(f(probe, probe_visit, probe_ages, probe == SEP_ID))[:, 1]
@@ -190,3 +200,23 @@ def test_the_head_adds_the_filter_to_the_deep_part_and_rejects_one_state():
     assert torch.allclose(with_filter.deep_logits(*args), plain.deep_logits(*args) + added, atol=1e-5)
     with pytest.raises(ValueError, match="state_filter"):
         ModelConfig(vocab_size=V, state_filter=1)
+
+
+def test_a_fine_tuned_model_carries_its_filter_through_the_bundle(tmp_path):
+    from behrt_rope import schema as S
+    from behrt_rope.data.sequences import load_tokens
+    from behrt_rope.training.bundle import load_bundle
+    from behrt_rope.training.inference import multilabel_model, score_parts
+    from tests.fixtures_training import build_finetuned
+
+    _, model_dir = build_finetuned(tmp_path, 120, 7, "model.state_filter=3")
+    bundle = load_bundle(model_dir, "multilabel")
+    assert bundle["model_config"].state_filter == 3
+    model = multilabel_model(bundle)
+    assert model.state_filter is not None and model.state_filter.num_states == 3
+    seqs = load_tokens(tmp_path / "etl").split(S.TUNING)
+    deep = score_parts(model, seqs, parts=("deep",))["deep"]
+    assert np.isfinite(deep).all() and ((deep > 0) & (deep < 1)).all()
+    with torch.no_grad():  # every state's chance 0.5: the filter adds logit 0, and the deep part changes
+        model.state_filter.emission.fill_(0.0)
+    assert not np.allclose(score_parts(model, seqs, parts=("deep",))["deep"], deep)

@@ -60,6 +60,9 @@ PROBABILITY_FLOOR = 1e-6
 class HiddenStateFilter(nn.Module):
     """``(B, T)`` token stream -> ``(N, L)`` logits of each label at the next visit, from ``L`` learned chains."""
 
+    move_from: torch.Tensor  # (K (K - 1),) long: the state each off-diagonal rate leaves
+    move_to: torch.Tensor  # (K (K - 1),) long: the state it enters
+
     def __init__(self, vocab_size: int, num_labels: int, num_states: int = 4) -> None:
         super().__init__()
         if num_states < 2:
@@ -99,7 +102,7 @@ class HiddenStateFilter(nn.Module):
             last = int(scored_visits.max()) + 1 if len(scored_visits) else 0
             emission = torch.sigmoid(self.emission)  # (L, K)
             state = self._first_state(visit_ages[:, 0], female, male)  # (B, L, K)
-            table = self.transition_table() if last > 1 else None
+            table = self.transition_table()  # (2, A, G, L, K, K)
             chances = []
             for t in range(last):
                 if t > 0:
@@ -153,9 +156,8 @@ class HiddenStateFilter(nn.Module):
         u = _gap_position(gap)
         a0, u0 = a.floor().long().clamp(max=len(AGE_GRID) - 2), u.floor().long().clamp(max=GAP_POINTS - 2)
         wa, wu = (a - a0)[:, None, None, None], (u - u0)[:, None, None, None]
-        transition = (
-            (1 - wa) * ((1 - wu) * table[sex, a0, u0] + wu * table[sex, a0, u0 + 1])
-            + wa * ((1 - wu) * table[sex, a0 + 1, u0] + wu * table[sex, a0 + 1, u0 + 1])
+        transition = (1 - wa) * ((1 - wu) * table[sex, a0, u0] + wu * table[sex, a0, u0 + 1]) + wa * (
+            (1 - wu) * table[sex, a0 + 1, u0] + wu * table[sex, a0 + 1, u0 + 1]
         )  # (B, L, K, K)
         return (state[..., :, None] * transition).sum(-2)
 
