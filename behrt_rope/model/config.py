@@ -113,9 +113,9 @@ class ModelConfig:
     """Fine-tuning head (visit pooling): states of a learned continuous-time hidden-state chain per label, whose
     forward filter over the visits adds one logit per label to the deep part (``state_filter.py``); 0: off.
     Off by default: 4 states lifted the model's tuning macro AP on two progression draws (+0.0025, +0.0002),
-    a recurrence_sparse and a clinical draw (+0.0016 each), but cost a third of the epochs a budgeted
-    fine-tuning gets on long dense histories, where the deep part fell 0.0044 (docs/benchmarks.md,
-    "Forty-fourth round")."""
+    a recurrence_sparse and a clinical draw (+0.0016 each), but it adds 17-34% to a training step, a budgeted
+    fine-tuning got a third fewer epochs on the clinical and dense draws, and there the deep part did not gain
+    (-0.0004, -0.0044) (docs/benchmarks.md, "Forty-fourth round")."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
