@@ -31,8 +31,8 @@ from torch import nn
 
 from behrt_rope.model.encoder import DAYS_PER_YEAR
 from behrt_rope.model.token_label_attention import label_id_tensor
+from behrt_rope.model.visit_gap import visit_ages
 from behrt_rope.model.wide import HistoryPairs, history_pairs
-from behrt_rope.schema import SEP_ID
 
 VISITS_EDGES = (0.5, 1.5, 2.5, 3.5, 4.5)
 """Visits since a code was last recorded: 0 (at the scored visit), 1, 2, 3, 4, 5 or more."""
@@ -186,10 +186,7 @@ def _sample_columns(
     everyone = torch.ones_like(age, dtype=torch.bool)
     sex_ids = sex[score_at] if sex is not None else torch.zeros_like(k)
     sex_columns = torch.stack([sex_ids == value for value in SEX_IDS], dim=1).float()  # (N, 3)
-    # each visit's age from its [SEP]; other tokens (and padding) go to a spare last column
-    n_visits = int(visit_index.max()) + 2
-    column = torch.where(token_ids == SEP_ID, visit_index, torch.full_like(visit_index, n_visits - 1))
-    visit_age = torch.zeros(len(token_ids), n_visits, device=ages.device).scatter(1, column, ages.float())
+    visit_age = visit_ages(token_ids, visit_index, ages)  # (B, V)
     rows = score_at.nonzero(as_tuple=True)[0]
     previous = visit_age[rows, (k - 1).clamp(min=0)]  # (N,)
     gap = _whole_days((age - previous) * DAYS_PER_YEAR)

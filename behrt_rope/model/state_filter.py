@@ -37,7 +37,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from behrt_rope.schema import N_SPECIAL, SEP_ID
+from behrt_rope.model.visit_gap import visit_ages
+from behrt_rope.schema import N_SPECIAL
 
 AGE_CENTRE = 50.0
 """Years: the age at which the rates' age term is zero."""
@@ -96,21 +97,21 @@ class HiddenStateFilter(nn.Module):
         """``(B, T)`` ids, visit numbers, ages in years, the scored [SEP] mask and sex ids -> ``(N, L)``
         float32 logits (rows in row-major order of ``score_at``). Always in float32, also under autocast."""
         with torch.autocast(token_ids.device.type, enabled=False):
-            visit_ages = _visit_ages(token_ids, visit_index, ages)  # (B, V)
+            at_visit = visit_ages(token_ids, visit_index, ages)  # (B, V)
             sex_ids = sex[:, 0] if sex is not None else torch.zeros_like(token_ids[:, 0])
             female, male = (sex_ids == FEMALE).float(), (sex_ids == MALE).float()  # (B,)
-            evidence = self._visit_evidence(token_ids, visit_index, visit_ages.shape[1])  # (B, V, L, K)
+            evidence = self._visit_evidence(token_ids, visit_index, at_visit.shape[1])  # (B, V, L, K)
             scored_rows, scored_cols = score_at.nonzero(as_tuple=True)
             scored_visits = visit_index[scored_rows, scored_cols]  # (N,)
             last = int(scored_visits.max()) + 1 if len(scored_visits) else 0
             emission = torch.sigmoid(self.emission)  # (L, K)
-            state = self._first_state(visit_ages[:, 0], female, male)  # (B, L, K)
+            state = self._first_state(at_visit[:, 0], female, male)  # (B, L, K)
             table = self.transition_table()  # (2, A, G, L, K, K)
             chances = []
             for t in range(last):
                 if t > 0:
-                    gap = (visit_ages[:, t] - visit_ages[:, t - 1]).clamp(min=0.0)  # (B,) years
-                    state = self._carry(state, table, visit_ages[:, t - 1], female, gap)
+                    gap = (at_visit[:, t] - at_visit[:, t - 1]).clamp(min=0.0)  # (B,) years
+                    state = self._carry(state, table, at_visit[:, t - 1], female, gap)
                 state = torch.softmax(torch.log(state.clamp(min=1e-30)) + evidence[:, t], dim=-1)
                 chances.append((state * emission).sum(-1))  # (B, L)
             if not chances:
@@ -182,12 +183,3 @@ def _gap_position(gap: torch.Tensor) -> torch.Tensor:
     doublings = torch.log2(gap.clamp(min=SMALLEST_GAP) / SMALLEST_GAP)
     position = torch.where(gap < SMALLEST_GAP, gap / SMALLEST_GAP, 1.0 + doublings)
     return position.clamp(0.0, GAP_POINTS - 1.0)
-
-
-def _visit_ages(token_ids: torch.Tensor, visit_index: torch.Tensor, ages: torch.Tensor) -> torch.Tensor:
-    """``(B, V)`` float32: each visit's age in years, read at its [SEP] (0 for visits a row does not have)."""
-    visits = int(visit_index.max()) + 1 if visit_index.numel() else 1
-    sep = token_ids == SEP_ID
-    out = torch.zeros(len(token_ids), visits + 1, device=ages.device)
-    column = torch.where(sep, visit_index, torch.full_like(visit_index, visits))  # non-[SEP] -> spare column
-    return out.scatter(1, column, ages.float())[:, :visits]

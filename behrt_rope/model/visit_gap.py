@@ -22,6 +22,7 @@ from torch import nn
 
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.time2vec import Time2Vec
+from behrt_rope.schema import SEP_ID
 
 DAYS_PER_YEAR = 365.25
 """Days in a year of age (ages are in years)."""
@@ -98,3 +99,12 @@ class VisitGapEmbedding(nn.Module):
         """``(B, T)`` days and flags -> ``(B, T, H)``; the features in float32, the projection in any dtype."""
         gap = self.log_gap(torch.log1p(days.float()))  # (B, T, H)
         return gap + first[..., None].to(gap.dtype) * self.first_visit.to(gap.dtype)
+
+
+def visit_ages(token_ids: torch.Tensor, visit_index: torch.Tensor, ages: torch.Tensor) -> torch.Tensor:
+    """``(B, V)`` float32: each visit's age in years, read at its [SEP] (0 for visits a row does not have)."""
+    visits = int(visit_index.max()) + 1 if visit_index.numel() else 1
+    sep = token_ids == SEP_ID
+    out = torch.zeros(len(token_ids), visits + 1, device=ages.device)
+    column = torch.where(sep, visit_index, torch.full_like(visit_index, visits))  # non-[SEP] -> spare column
+    return out.scatter(1, column, ages.float())[:, :visits]
