@@ -100,6 +100,8 @@ class BehrtForMultiLabel(nn.Module):
       often, how recently and for how long each label's own code has been recorded. The *sparse time*
       path (``config.sparse_time``, see ``sparse_time_path.py``), an L1 logistic regression on binned timing
       of every label code fitted before the deep training and frozen, is averaged with all of the above.
+      With ``config.state_filter``, a learned hidden-state chain per label, filtered over the visits
+      (``state_filter.py``), adds one more logit per label to the deep part.
       With ``config.label_own_code`` or ``config.wide_time``, pass ``label_token_ids`` ``(L,)``: the token id
       of each label's code (a trained model's state dict carries them).
     * ``"cls"``: the ``[CLS]`` state (position 0) of a bidirectional pass over the input (one prediction

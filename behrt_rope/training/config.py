@@ -31,9 +31,9 @@ class TrainerConfig:
     """Learning-rate multiplier of the encoder (embeddings and blocks), e.g. 0.3 to fine-tune a pre-trained
     encoder more gently than the freshly initialised head."""
     head_lr_scale: float = 1.0
-    """Learning-rate multiplier of every parameter outside the encoder and the wide path: the fine-tuning
-    head (classifier, age basis, label attention, label-code maps) or, in pre-training, the MLM head's
-    transform. E.g. 3 in fine-tuning lets the head's per-label weights grow to the size of the effects they
+    """Learning-rate multiplier of every parameter outside the encoder, the wide path and the state filter:
+    the fine-tuning head (classifier, age basis, label attention, label-code maps) or, in pre-training, the MLM
+    head's transform. E.g. 3 in fine-tuning lets the head's per-label weights grow to the size of the effects they
     carry before the pre-trained encoder starts fitting patients: better on short, sparse histories, worse
     on a clinical cohort at the default density (docs/benchmarks.md, "Nineteenth round")."""
     weight_decay: float = 0.01
