@@ -114,8 +114,8 @@ class ModelConfig:
     forward filter over the visits adds one logit per label to the deep part (``state_filter.py``); 0: off.
     Off by default: 4 states lifted the model's tuning macro AP on two progression draws (+0.0025, +0.0002),
     a recurrence_sparse and a clinical draw (+0.0016 each), but it adds 17-34% to a training step, a budgeted
-    fine-tuning got a third fewer epochs on the clinical and dense draws, and there the deep part did not gain
-    (-0.0004, -0.0044) (docs/benchmarks.md, "Forty-fourth round")."""
+    fine-tuning got a third fewer epochs on a clinical draw, and on long dense histories it is worse (model
+    -0.0018, deep part -0.0069 on a clean pair) (docs/benchmarks.md, "Forty-fourth round")."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
