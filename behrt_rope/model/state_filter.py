@@ -38,13 +38,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from behrt_rope.model.visit_gap import visit_ages
-from behrt_rope.schema import N_SPECIAL
+from behrt_rope.schema import N_SPECIAL, SEX_VALUES
 
 AGE_CENTRE = 50.0
 """Years: the age at which the rates' age term is zero."""
 AGE_SCALE = 20.0
 """Years per unit of the age term."""
-FEMALE, MALE = 1, 2
+FEMALE, MALE = SEX_VALUES.index("female"), SEX_VALUES.index("male")
 """Sex ids (``schema.SEX_VALUES`` positions)."""
 PRIOR_FEATURES = 5
 """1, a, a^2, female, male."""
