@@ -117,3 +117,34 @@ def test_attention_on_the_gpu_does_not_take_cudnn_s_per_shape_plans() -> None:
     names = [event.key for event in profile.key_averages()]
     assert not [name for name in names if "cudnn_attention" in name]
     assert [name for name in names if "efficient_attention" in name or "flash_attention" in name]
+
+
+def test_the_state_filter_on_the_gpu_under_autocast_equals_the_cpu() -> None:
+    """The hidden-state filter runs in float32 even under bf16 autocast (its chances multiply over dozens of
+    visits): on the GPU its logits equal the CPU's to float32 rounding, and so do its gradients."""
+    from behrt_rope.model.state_filter import HiddenStateFilter
+    from behrt_rope.schema import CLS_ID, N_SPECIAL, SEP_ID
+
+    torch.manual_seed(0)
+    B, visits, codes = 8, 12, 3
+    ids = torch.randint(N_SPECIAL, N_SPECIAL + 20, (B, visits, codes + 1))
+    ids[:, :, -1] = SEP_ID
+    ids = torch.cat([torch.full((B, 1), CLS_ID), ids.flatten(1)], dim=1)  # (B, 1 + visits (codes + 1))
+    visit_index = torch.cat(
+        [torch.zeros(B, 1, dtype=torch.long), torch.arange(visits).repeat_interleave(codes + 1).expand(B, -1)], dim=1
+    )
+    ages = 30.0 + torch.rand(B, 1) * 40 + visit_index.float() * torch.rand(B, 1) * 2
+    sex = torch.randint(1, 3, (B, 1)).expand_as(ids)
+    score_at = ids == SEP_ID
+    results = {}
+    for device in (CPU, CUDA):
+        torch.manual_seed(1)
+        chain = HiddenStateFilter(N_SPECIAL + 20, num_labels=5, num_states=3).to(device)
+        inputs = [t.to(device) for t in (ids, visit_index, ages, score_at, sex)]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = chain(*inputs[:4], inputs[4])
+        assert logits.dtype == torch.float32
+        logits.sum().backward()
+        results[device.type] = (logits.detach().cpu(), chain.evidence.grad.cpu())
+    torch.testing.assert_close(results["cuda"][0], results["cpu"][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(results["cuda"][1], results["cpu"][1], rtol=1e-3, atol=1e-5)
