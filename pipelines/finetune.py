@@ -50,9 +50,11 @@ from behrt_rope.training.distillation_choice import (
     path_leads,
     room_for_another,
 )
-from behrt_rope.training.loaders import make_loader, padding_report
+from behrt_rope.training.loaders import SplitData, make_loader, padding_report
 from behrt_rope.training.soup import TopChecksSoup
 from behrt_rope.training.sparse_time_fit import fit_path, set_path_share
+from behrt_rope.training.state_path_fit import CROSS_EVIDENCE_L1, fit_state_path
+from behrt_rope.training.state_path_fit import MAX_EPOCHS as STATE_PATH_EPOCHS
 from behrt_rope.training.tasks import MultiLabelTask
 from behrt_rope.training.trainer import budget_left, build_trainer, resume_path, time_budget
 
@@ -115,6 +117,16 @@ class Config:
     its time and memory (its features take 24 bytes per sample and label); the deep part trains on all of
     them. Evaluate's references use the same cap. 50,000 against every sample (up to 135,000): level tuning
     macro AP of the model, a 5-13x shorter fit (docs/benchmarks.md, "Seventeenth round")."""
+    state_path_l1: float = CROSS_EVIDENCE_L1
+    """With model.state_path, the L1 strength on the evidence each code gives the chains of labels it is not
+    the code of (``model.state_path.StatePath.cross_evidence_l1``): 0 lets every code move every label's chain
+    freely."""
+    state_path_share: float | None = None
+    """With model.state_path, its weight in the model's logit; null: the best of
+    ``training.state_path_fit.SHARE_GRID`` (0 included) on the tuning split."""
+    state_path_max_epochs: int = STATE_PATH_EPOCHS
+    """With model.state_path, its fit's epochs at most (it stops earlier when its tuning macro AP has not
+    improved for 4 epochs, or when the next epoch would overrun ``trainer.max_minutes``)."""
     select_by: Literal["loss", "macro_ap"] = "loss"
     """What picks the best tuning check (the checkpoint kept, the checks of the soup, early stopping): the tuning
     split's BCE loss or its macro AP. The loss averages over every sample and label and is the less noisy of the
@@ -146,17 +158,6 @@ class Config:
     ``training.time_budget``): where fewer epochs fit (a slow host, hundreds of labels), the schedule ends at
     the last one that does, so that pre-training (2.5 minutes at most) and fine-tuning stay within 15
     minutes; ``trainer.max_minutes=0`` lifts it."""
-
-
-@dataclass
-class SplitData:
-    """One split's sequences, samples, dataset (with its collate function) and label matrix."""
-
-    seqs: Sequences
-    samples: Samples
-    dataset: torch.utils.data.Dataset
-    collate: Callable
-    y: np.ndarray
 
 
 def run(config: Config) -> Path:
@@ -236,6 +237,19 @@ def run(config: Config) -> Path:
         if task.model.sparse_time is not None:
             share, device = config.sparse_time_share, trainer.strategy.root_device
             shares = set_path_share(task.model, tuning.seqs, tuning.samples, tuning.y, share, device)
+        if task.model.state_path is not None:
+            shares["state_path"] = fit_state_path(
+                task.model,
+                train,
+                tuning,
+                budget_left(tc, stage_started),
+                config.state_path_l1,
+                config.state_path_share,
+                config.state_path_max_epochs,
+                tc.seed,
+                tc.progress_bar,
+                trainer.strategy.root_device,
+            )
         # every rank validates (a collective under DDP); only rank 0 writes
         val = trainer.validate(task, val_loader, verbose=False)[0] if val_loader is not None else {}
         if trainer.is_global_zero:

@@ -117,6 +117,11 @@ class ModelConfig:
     fine-tuning got a third fewer epochs on a clinical draw, and on long dense histories it is worse (model
     -0.0018, deep part -0.0069 on a clean pair) (docs/benchmarks.md, "Forty-fourth round")."""
 
+    state_path: int = 0
+    """Fine-tuning head (visit pooling): states of the *state path* (``state_path.py``), the same chains as
+    ``state_filter`` fitted apart after the deep part (``finetune`` ``state_path_*``) and averaged into the
+    model's logit at a share chosen on the tuning split (0 where it does not help); 0: no state path."""
+
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} must be divisible by num_heads {self.num_heads}")
@@ -131,6 +136,8 @@ class ModelConfig:
             raise ValueError(f"age_basis must be >= 0, got {self.age_basis}")
         if self.state_filter < 0 or self.state_filter == 1:
             raise ValueError(f"state_filter (states per label chain) must be 0 (off) or >= 2, got {self.state_filter}")
+        if self.state_path < 0 or self.state_path == 1:
+            raise ValueError(f"state_path (states per label chain) must be 0 (off) or >= 2, got {self.state_path}")
         if self.label_attention_heads < 0:
             raise ValueError(f"label_attention_heads must be >= 0, got {self.label_attention_heads}")
         if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attention_dropout < 1.0:
@@ -149,5 +156,6 @@ HEAD_FIELDS = (
     "wide_time",
     "sparse_time",
     "state_filter",
+    "state_path",
 )
 """ModelConfig fields of the fine-tuning head; the encoder's other fields come with a pre-trained encoder."""

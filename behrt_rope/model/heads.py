@@ -15,6 +15,7 @@ from behrt_rope.model.label_attention import LabelAttention
 from behrt_rope.model.label_codes import LabelCodeMaps, label_vectors
 from behrt_rope.model.sparse_time_path import SparseTimePath
 from behrt_rope.model.state_filter import HiddenStateFilter
+from behrt_rope.model.state_path import StatePath
 from behrt_rope.model.token_label_attention import TokenLabelAttention, label_id_tensor
 from behrt_rope.model.wide import WidePath
 from behrt_rope.schema import PAD_ID, SEP_ID
@@ -102,6 +103,8 @@ class BehrtForMultiLabel(nn.Module):
       of every label code fitted before the deep training and frozen, is averaged with all of the above.
       With ``config.state_filter``, a learned hidden-state chain per label, filtered over the visits
       (``state_filter.py``), adds one more logit per label to the deep part.
+      With ``config.state_path``, the same chains as a path of their own (``state_path.py``), fitted after the
+      deep part and averaged with the above at a share chosen on the tuning split.
       With ``config.label_own_code`` or ``config.wide_time``, pass ``label_token_ids`` ``(L,)``: the token id
       of each label's code (a trained model's state dict carries them).
     * ``"cls"``: the ``[CLS]`` state (position 0) of a bidirectional pass over the input (one prediction
@@ -149,6 +152,10 @@ class BehrtForMultiLabel(nn.Module):
         self.state_filter = None
         if visit and config.state_filter:
             self.state_filter = HiddenStateFilter(config.vocab_size, num_labels, config.state_filter)
+        self.state_path = None
+        if visit and config.state_path:
+            self.state_path = StatePath(config.vocab_size, num_labels, config.state_path, label_token_ids)
+            self.state_path.requires_grad_(False)  # fitted apart (training/state_path_fit.py), after the deep part
         use_label_attention = visit and config.label_attention_heads > 0
         self.label_attention: LabelAttention | TokenLabelAttention | None = None
         if use_label_attention and config.label_attention_keys == "token":
@@ -231,19 +238,56 @@ class BehrtForMultiLabel(nn.Module):
         With the sparse time path, a weighted mean of its logits and :meth:`deep_logits` (the path's weight
         is its ``share``): the two are fitted apart (the deep part is trained on its own logits, the path is
         fixed before training) and averaged, which on the tuning splits beat training the deep part on the
-        path's residual (docs/benchmarks.md, "Tenth round")."""
+        path's residual (docs/benchmarks.md, "Tenth round"). With the state path at a share above 0, that mean
+        is averaged again with :meth:`state_logits`."""
         logits = self.deep_logits(token_ids, ages, segments, visit_index, attention_mask, score_at, sex)
-        if self.sparse_time is None:
+        path = states = None
+        if self.sparse_time is not None:
+            path = self.path_logits(token_ids, visit_index, ages, score_at, sex)
+        if self.uses_state_path:
+            states = self.state_logits(token_ids, visit_index, ages, score_at, sex)
+        if path is None and states is None:
             return logits
-        return self.mix_logits(logits, self.path_logits(token_ids, visit_index, ages, score_at, sex))
+        return self.mix_logits(logits, path, states)
 
-    def mix_logits(self, deep: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
-        """The model's logit from :meth:`deep_logits` and :meth:`path_logits` (both ``(N, L)``):
-        ``(1 - share) * deep + share * path`` in float32 (an error without the path)."""
-        if self.sparse_time is None:
-            raise ValueError("mix_logits needs the sparse time path (model.sparse_time)")
-        share = self.sparse_time.share
-        return (1.0 - share) * deep.float() + share * path
+    @property
+    def uses_state_path(self) -> bool:
+        """Whether the state path is part of the model's logit (it has one and its share is above 0)."""
+        return self.state_path is not None and float(self.state_path.share) > 0.0
+
+    def mix_logits(
+        self, deep: torch.Tensor, path: torch.Tensor | None = None, states: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The model's logit from :meth:`deep_logits`, :meth:`path_logits` and :meth:`state_logits` (each
+        ``(N, L)``), in float32: ``(1 - p) * deep + p * path`` with ``p`` the sparse time path's share, then
+        ``(1 - s) * that + s * states`` with ``s`` the state path's (skipped at 0). An error when a part the
+        model mixes is missing."""
+        logits = deep.float()
+        if self.sparse_time is not None:
+            if path is None:
+                raise ValueError("mix_logits needs the sparse time path's logits (model.sparse_time)")
+            share = self.sparse_time.share
+            logits = (1.0 - share) * logits + share * path
+        if self.uses_state_path:
+            assert self.state_path is not None
+            if states is None:
+                raise ValueError("mix_logits needs the state path's logits (model.state_path)")
+            share = self.state_path.share
+            logits = (1.0 - share) * logits + share * states
+        return logits
+
+    def state_logits(
+        self,
+        token_ids: torch.Tensor,
+        visit_index: torch.Tensor,
+        ages: torch.Tensor,
+        score_at: torch.Tensor | None,
+        sex: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The state path's ``(N, L)`` float32 logits alone (an error without it)."""
+        if self.state_path is None or score_at is None:
+            raise ValueError("state_logits needs the state path (model.state_path) and score_at")
+        return self.state_path(token_ids, visit_index, ages, score_at, sex)
 
     def path_logits(
         self,

@@ -39,8 +39,8 @@ def multilabel_model(bundle: dict[str, Any], where: str | Path = "the model dire
     return model.eval()
 
 
-Part = Literal["model", "deep", "path"]
-PARTS: tuple[Part, ...] = ("model", "deep", "path")
+Part = Literal["model", "deep", "path", "states"]
+PARTS: tuple[Part, ...] = ("model", "deep", "path", "states")
 
 
 def score(
@@ -55,7 +55,8 @@ def score(
 ) -> np.ndarray:
     """Probabilities (N, L) float32 for the first ``cuts[i]`` tokens of patient ``rows[i]`` (default: every
     patient's whole stream, i.e. as of its last visit). Each cut must end with a visit's [SEP].
-    ``part``: the whole model, its trained (deep) parts alone, or its sparse time path alone.
+    ``part``: the whole model, its trained (deep) parts alone, its sparse time path alone or its state path
+    alone.
 
     With visit pooling, all of a patient's samples are scored in one visit-causal pass; items are batched
     in length order to keep padding low. Puts ``model`` in eval mode.
@@ -107,15 +108,16 @@ def _part_logits(
     """The logits of each of ``parts``, the encoder run at most once."""
     inputs, score_at = model_inputs(batch), batch.get("score_at")
     logits: dict[Part, torch.Tensor] = {}
-    has_path = model.sparse_time is not None
+    has_path, has_states = model.sparse_time is not None, model.uses_state_path
     if "deep" in parts or "model" in parts:
         logits["deep"] = model.deep_logits(**inputs, score_at=score_at)
+    where = (inputs["token_ids"], inputs["visit_index"], inputs["ages"], score_at, inputs.get("sex"))
     if "path" in parts or ("model" in parts and has_path):
-        logits["path"] = model.path_logits(
-            inputs["token_ids"], inputs["visit_index"], inputs["ages"], score_at, inputs.get("sex")
-        )
+        logits["path"] = model.path_logits(*where)
+    if "states" in parts or ("model" in parts and has_states):
+        logits["states"] = model.state_logits(*where)
     if "model" in parts:
-        logits["model"] = model.mix_logits(logits["deep"], logits["path"]) if has_path else logits["deep"]
+        logits["model"] = model.mix_logits(logits["deep"], logits.get("path"), logits.get("states"))
     return logits
 
 

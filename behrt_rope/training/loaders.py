@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from behrt_rope.data.batching import BucketBatchSampler, padding_share
+from behrt_rope.data.labels import Samples
+from behrt_rope.data.sequences import Sequences
 from behrt_rope.training.config import TrainerConfig
+
+
+@dataclass
+class SplitData:
+    """One split's sequences, samples, dataset (with its collate function) and label matrix ``(N, L)``."""
+
+    seqs: Sequences
+    samples: Samples
+    dataset: torch.utils.data.Dataset
+    collate: Callable
+    y: np.ndarray
 
 
 def make_loader(

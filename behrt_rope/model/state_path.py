@@ -1,0 +1,77 @@
+"""The state path: per-label hidden-state chains fitted apart from the deep part, and their share of the logit.
+
+:class:`~behrt_rope.model.state_filter.HiddenStateFilter` gives each label a learned continuous-time hidden
+Markov chain read visit by visit. Trained *inside* the deep part it slowed every step and cost the dense
+cohorts epochs (docs/benchmarks.md, "Forty-fourth round"). Here the same chains are a path of their own, like
+the sparse time path: ``finetune`` fits them after the deep part, on the same train samples, by gradient
+descent on their own logits (``training/state_path_fit.py``), then sets their ``share`` of the model's logit on
+the tuning split (0 keeps the model as it was). The model's logit becomes
+``(1 - share) * (deep part and sparse time path) + share * state path``.
+
+A label's chain reads evidence from every code. An L1 penalty on the evidence of codes other than the label's
+own (:meth:`StatePath.cross_evidence_l1`) keeps the chains sparse: each label then reads its own code and the
+few others that move its state, the shape of a condition whose symptom and diagnosis codes share one hidden
+stage, from 4,000 patients rather than tens of thousands.
+
+Shapes: ``B`` patients, ``T`` tokens, ``N`` scored positions, ``L`` labels, ``C`` the vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from behrt_rope.model.state_filter import HiddenStateFilter
+from behrt_rope.model.token_label_attention import label_id_tensor
+
+
+class StatePath(nn.Module):
+    """``(B, T)`` token stream -> ``(N, L)`` logits from ``L`` hidden-state chains; ``share`` is their weight in
+    the model's logit (0 until ``finetune`` sets it)."""
+
+    label_token_ids: torch.Tensor  # (L,) long: the token id of each label's code (-1: none)
+    share: torch.Tensor  # () float32
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_labels: int,
+        num_states: int,
+        label_token_ids: Sequence[int] | torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.chains = HiddenStateFilter(vocab_size, num_labels, num_states)
+        self.register_buffer("label_token_ids", label_id_tensor(num_labels, label_token_ids))
+        self.register_buffer("share", torch.tensor(0.0))
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        visit_index: torch.Tensor,
+        ages: torch.Tensor,
+        score_at: torch.Tensor,
+        sex: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Arguments as :meth:`HiddenStateFilter.forward` -> ``(N, L)`` float32 logits."""
+        return self.chains(token_ids, visit_index, ages, score_at, sex)
+
+    def set_share(self, share: float) -> None:
+        """The path's share of the model's logit, in [0, 1]."""
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"the state path's share must lie in [0, 1], got {share}")
+        self.share.fill_(share)
+
+    def cross_evidence_l1(self) -> torch.Tensor:
+        """``()``: the summed absolute evidence weights of every code on the chains of labels it is not the code
+        of, divided by ``L`` (so that one strength suits label sets of any size: the loss is a mean over
+        labels). A label's own code is free."""
+        chains = self.chains
+        L, K = chains.num_labels, chains.num_states
+        weight = chains.evidence.view(chains.vocab_size, L, K).abs().sum(-1)  # (C, L)
+        labels = torch.arange(L, device=weight.device)
+        own = self.label_token_ids
+        known = own >= 0
+        own_total = weight[own[known], labels[known]].sum()
+        return (weight.sum() - own_total) / L

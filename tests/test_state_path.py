@@ -1,0 +1,132 @@
+"""The state path: hidden-state chains fitted apart from the deep part and mixed in at a tuning-chosen share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from behrt_rope import schema as S
+from behrt_rope.data.sequences import load_tokens
+from behrt_rope.model.config import ModelConfig
+from behrt_rope.model.heads import BehrtForMultiLabel
+from behrt_rope.model.state_path import StatePath
+from behrt_rope.schema import CLS_ID, N_SPECIAL, SEP_ID
+from behrt_rope.training.bundle import load_bundle
+from behrt_rope.training.inference import multilabel_model, score_parts
+from behrt_rope.training.sparse_time_fit import logit
+from behrt_rope.training.state_path_fit import SHARE_GRID
+from tests.fixtures_training import build_finetuned, read_metrics
+
+A, B = N_SPECIAL, N_SPECIAL + 1
+VOCAB = N_SPECIAL + 4
+
+
+def _batch():
+    """One patient: visits recording A, then B, then A and B, at ages 40, 41 and 43.5."""
+    ids = torch.tensor([[CLS_ID, A, SEP_ID, B, SEP_ID, A, B, SEP_ID]])
+    visit = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2]])
+    ages = torch.tensor([[40.0, 40.0, 40.0, 41.0, 41.0, 43.5, 43.5, 43.5]])
+    return ids, visit, ages, ids == SEP_ID, torch.full_like(ids, 1)
+
+
+def test_the_model_mixes_the_state_path_in_at_its_share_and_not_at_share_zero():
+    cfg = ModelConfig(
+        vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, age_heads=0, state_path=3
+    )
+    torch.manual_seed(0)
+    model = BehrtForMultiLabel(cfg, num_labels=2, label_token_ids=[A, B]).eval()
+    assert model.state_path is not None and model.sparse_time is not None
+    assert not any(p.requires_grad for p in model.state_path.parameters())  # the deep training leaves it alone
+    ids, visit, ages, score_at, sex = _batch()
+    args = (ids, ages, torch.zeros_like(ids), visit, None, score_at, sex)
+    with torch.no_grad():
+        model.sparse_time.bias.fill_(0.7)  # a path that adds something of its own
+        deep, path = model.deep_logits(*args), model.path_logits(ids, visit, ages, score_at, sex)
+        states = model.state_logits(ids, visit, ages, score_at, sex)
+        base = 0.5 * deep + 0.5 * path
+        assert not model.uses_state_path  # share 0 until finetune sets it
+        torch.testing.assert_close(model(*args), base)
+        model.state_path.set_share(0.3)
+        assert model.uses_state_path
+        torch.testing.assert_close(model(*args), 0.7 * base + 0.3 * states)
+    with pytest.raises(ValueError, match="state path's share"):
+        model.state_path.set_share(1.5)
+    with pytest.raises(ValueError, match="state_path"):
+        ModelConfig(vocab_size=VOCAB, state_path=1)
+
+
+def test_the_l1_penalty_leaves_each_label_s_own_code_free():
+    path = StatePath(VOCAB, num_labels=2, num_states=3, label_token_ids=[A, B])
+    evidence = path.chains.evidence
+    with torch.no_grad():
+        evidence.zero_()
+        view = evidence.view(VOCAB, 2, 3)
+        view[A, 0] = 5.0  # label 0's own code
+        view[B, 1] = -4.0  # label 1's own code
+        assert path.cross_evidence_l1().item() == 0.0
+        view[B, 0] = torch.tensor([1.0, -2.0, 0.5])  # label 1's code on label 0's chain
+        view[N_SPECIAL + 3, 1, 0] = 1.5  # a code that is no label's, on label 1's chain
+    assert path.cross_evidence_l1().item() == pytest.approx((3.5 + 1.5) / 2)  # per label
+    unknown = StatePath(VOCAB, num_labels=2, num_states=3)  # own codes not given yet: every code counts
+    with torch.no_grad():
+        unknown.chains.evidence.copy_(evidence)
+    assert unknown.cross_evidence_l1().item() == pytest.approx((3 * 5 + 3 * 4 + 3.5 + 1.5) / 2)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("state_path")
+    return root, build_finetuned(root, 160, 5, "model.state_path=2", "state_path_max_epochs=3")[1]
+
+
+def test_finetune_fits_the_path_and_keeps_the_share_tuning_scores_best(fitted: tuple[Path, Path]):
+    root, model_dir = fitted
+    report = read_metrics(model_dir)["state_path"]
+    assert report["fitted"] and 1 <= report["epochs"] <= 3 and 0 <= report["best_epoch"] < report["epochs"]
+    scores = {float(w): v for w, v in report["tuning_macro_ap_by_share"].items()}
+    assert set(scores) == set(SHARE_GRID)
+    assert scores[report["share"]] == max(scores.values())
+    # the bundle carries the fitted chains and the share: the model's scores are the mix they make
+    model = multilabel_model(load_bundle(model_dir, "multilabel"))
+    assert model.state_path is not None and float(model.state_path.share) == pytest.approx(report["share"])
+    tuning = load_tokens(root / "etl").split(S.TUNING)
+    parts = score_parts(model, tuning, parts=("model", "deep", "path", "states"))
+    p, s = float(model.sparse_time.share), report["share"]
+    mixed = (1 - s) * ((1 - p) * logit(parts["deep"]) + p * logit(parts["path"])) + s * logit(parts["states"])
+    np.testing.assert_allclose(logit(parts["model"]), mixed, rtol=1e-4, atol=1e-4)
+    # the chains were trained: their scores differ from a fresh path's
+    fresh = StatePath(model.config.vocab_size, model.num_labels, 2)
+    model.state_path.chains.load_state_dict(fresh.chains.state_dict())
+    assert not np.allclose(score_parts(model, tuning, parts=("states",))["states"], parts["states"], atol=1e-3)
+
+
+def test_without_time_left_the_path_is_not_fitted_and_the_model_is_unchanged(fitted: tuple[Path, Path]):
+    from behrt_rope.data.datasets import labelled_dataset
+    from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targets
+    from behrt_rope.training.loaders import SplitData
+    from behrt_rope.training.state_path_fit import fit_state_path
+
+    root, model_dir = fitted
+    bundle = load_bundle(model_dir, "multilabel")
+    model = multilabel_model(bundle)
+    label_of_token = label_index(np.asarray(bundle["label_token_ids"]), len(bundle["vocab"]))
+    seqs = load_tokens(root / "etl")
+
+    def split(name: str) -> SplitData:
+        part = seqs.split(name)
+        samples = build_samples(part, TaskConfig())
+        data, collate = labelled_dataset(part, samples.rows, samples.cuts, samples.label_spans, label_of_token, "visit")
+        return SplitData(part, samples, data, collate, targets(part, samples, label_of_token))
+
+    tuning = split(S.TUNING)
+    assert model.state_path is not None
+    model.state_path.set_share(0.0)
+    before = score_parts(model, tuning.seqs, parts=("model",))["model"]
+    weights = {k: v.clone() for k, v in model.state_path.state_dict().items()}
+    report = fit_state_path(model, split(S.TRAIN), tuning, seconds_left=0.0)
+    assert report["fitted"] is False and report["share"] == 0.0 and "budget" in report["stopped_by"]
+    assert all(torch.equal(v, model.state_path.state_dict()[k]) for k, v in weights.items())
+    np.testing.assert_array_equal(score_parts(model, tuning.seqs, parts=("model",))["model"], before)
