@@ -120,7 +120,10 @@ class ModelConfig:
     state_path: int = 0
     """Fine-tuning head (visit pooling): states of the *state path* (``state_path.py``), the same chains as
     ``state_filter`` fitted apart after the deep part (``finetune`` ``state_path_*``) and averaged into the
-    model's logit at a share chosen on the tuning split (0 where it does not help); 0: no state path."""
+    model's logit at a share chosen on the tuning split (0 where it does not help); 0: no state path. Off by
+    default: with 4 states it added +0.0012 to +0.0036 tuning macro AP on a progression draw and was given share
+    0 on the other families' draws, for up to several minutes of fitting (docs/benchmarks.md, "Forty-fifth
+    round")."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
