@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from behrt_rope.model.heads import BehrtForMultiLabel, multilabel_loss
+from behrt_rope.model.state_path import StatePath
 from behrt_rope.training.inference import score_parts
 from behrt_rope.training.loaders import SplitData
 from behrt_rope.training.sparse_time_fit import logit
@@ -78,7 +79,7 @@ def fit_state_path(
         "tuning_macro_ap_alone": round(best.macro_ap, 5),
         "cross_evidence_l1": l1,
     }
-    if best.epoch < 0:
+    if best.weights is None:
         path.set_share(0.0)
         log.info("finetune: state path not fitted: %s", stop)
         return {**report, "share": 0.0, "seconds": round(time.monotonic() - started, 1)}
@@ -104,7 +105,7 @@ class _Best:
 
 
 def _train(
-    path: torch.nn.Module,
+    path: StatePath,
     train: SplitData,
     tuning: SplitData,
     model: BehrtForMultiLabel,
