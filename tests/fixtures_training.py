@@ -28,9 +28,12 @@ FAST_TRAINER = (
     "trainer.progress_bar=false",
     "trainer.log_every_n_steps=1",
     "trainer.accelerator=cpu",
+    "model.state_path=0",
 )
 """Quiet, fast trainer settings, on the CPU on any host: several tests assert bitwise reproducibility, which
-holds on the CPU only (a GPU's bf16 autocast and atomic reductions break it). The GPU tests override it."""
+holds on the CPU only (a GPU's bf16 autocast and atomic reductions break it). The GPU tests override it. No
+state path: its fit after the deep part would add seconds to every fine-tuning (tests/test_state_path.py
+turns it on)."""
 
 
 def write_cohort(raw_dir: Path, patients: int, seed: int = 0) -> Path:
