@@ -578,6 +578,10 @@ led the path on the tuning split, macro AP 0.2500 against 0.2400)']
     '3 epochs'
     >>> _finetune_info({"epochs": 20, "best_epoch": 10, "checkpoint_soup": {"epochs": [10, 15, 14], "kept": True}})
     '20 epochs (weights averaged over epochs 10, 15, 14)'
+    >>> _finetune_info({"epochs": 4, "state_path": {"fitted": True, "epochs": 9, "share": 0.35}})
+    '4 epochs; state path share 0.35 (fitted 9 epochs)'
+    >>> _finetune_info({"epochs": 4, "state_path": {"fitted": False, "stopped_by": "the time budget", "share": 0.0}})
+    '4 epochs; state path not fitted (the time budget)'
     """
     soup = metrics.get("checkpoint_soup") or {}
     kept = f" (weights averaged over epochs {', '.join(map(str, soup['epochs']))})" if soup.get("kept") else ""
@@ -587,6 +591,15 @@ led the path on the tuning split, macro AP 0.2500 against 0.2400)']
         parts.append(f"sparse time path share {metrics['sparse_time_share']:g}")
     if "sparse_time_share" in metrics and "sparse_time_distillation" in metrics:  # only a model with the path
         parts.append(f"distillation weight {metrics['sparse_time_distillation']:g}" + _why_weight(metrics))
+    states = metrics.get("state_path")
+    if states:
+        why = states.get("stopped_by") or states.get("reason", "")
+        fitted = (
+            f"share {states['share']:g} (fitted {states['epochs']} epochs)"
+            if states["fitted"]
+            else f"not fitted ({why})"
+        )
+        parts.append(f"state path {fitted}")
     return "; ".join(parts)
 
 
