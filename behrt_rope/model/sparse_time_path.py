@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from behrt_rope.model.encoder import DAYS_PER_YEAR
+from behrt_rope.model.path_share import SharedPath
 from behrt_rope.model.token_label_attention import label_id_tensor
 from behrt_rope.model.visit_gap import visit_ages
 from behrt_rope.model.wide import HistoryPairs, history_pairs
@@ -59,25 +60,24 @@ def shared_columns(num_labels: int) -> int:
     return PER_CODE_COLUMNS * num_labels + SAMPLE_COLUMNS
 
 
-class SparseTimePath(nn.Module):
+class SparseTimePath(SharedPath):
     """Binned time features at each scored position, times fitted frozen weights -> ``(N, L)`` logits."""
 
     label_token_ids: torch.Tensor  # (L,) long: the token id of each label's code (-1: none)
     own_weight: torch.Tensor  # (L, 20) float32
     shared_weight: torch.Tensor  # (L, 7 L + 18) float32
     bias: torch.Tensor  # (L,) float32
-    share: torch.Tensor  # () float32: the path's share of the model's logit
+    path_name = "sparse time path"
 
     def __init__(self, num_labels: int, label_token_ids: Sequence[int] | torch.Tensor | None = None) -> None:
-        super().__init__()
+        # The model's logit is (1 - share) * deep part + share * path; finetune chooses it on the tuning split.
+        super().__init__(share=0.5)
         self.num_labels = num_labels
         self.register_buffer("label_token_ids", label_id_tensor(num_labels, label_token_ids))
         # Zero until fitted: an unfitted path adds nothing.
         self.register_buffer("own_weight", torch.zeros(num_labels, OWN_COLUMNS))
         self.register_buffer("shared_weight", torch.zeros(num_labels, shared_columns(num_labels)))
         self.register_buffer("bias", torch.zeros(num_labels))
-        # The model's logit is (1 - share) * deep part + share * path; finetune chooses it on the tuning split.
-        self.register_buffer("share", torch.tensor(0.5))
 
     def load_fit(self, own_weight: torch.Tensor, shared_weight: torch.Tensor, bias: torch.Tensor) -> None:
         """Set the fitted weights: ``(L, 20)``, ``(L, 7 L + 18)`` and ``(L,)`` (logit scale)."""
@@ -87,12 +87,6 @@ class SparseTimePath(nn.Module):
             if value.shape != target.shape:
                 raise ValueError(f"{name} must have shape {tuple(target.shape)}, got {tuple(value.shape)}")
             target.copy_(value)
-
-    def set_share(self, share: float) -> None:
-        """The path's share of the model's logit, in [0, 1]."""
-        if not 0.0 <= share <= 1.0:
-            raise ValueError(f"the sparse time path's share must lie in [0, 1], got {share}")
-        self.share.fill_(share)
 
     def forward(
         self,

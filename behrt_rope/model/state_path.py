@@ -21,18 +21,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import nn
 
+from behrt_rope.model.path_share import SharedPath
 from behrt_rope.model.state_filter import HiddenStateFilter
 from behrt_rope.model.token_label_attention import label_id_tensor
 
 
-class StatePath(nn.Module):
+class StatePath(SharedPath):
     """``(B, T)`` token stream -> ``(N, L)`` logits from ``L`` hidden-state chains; ``share`` is their weight in
     the model's logit (0 until ``finetune`` sets it)."""
 
     label_token_ids: torch.Tensor  # (L,) long: the token id of each label's code (-1: none)
-    share: torch.Tensor  # () float32
+    path_name = "state path"
 
     def __init__(
         self,
@@ -41,10 +41,9 @@ class StatePath(nn.Module):
         num_states: int,
         label_token_ids: Sequence[int] | torch.Tensor | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(share=0.0)
         self.chains = HiddenStateFilter(vocab_size, num_labels, num_states)
         self.register_buffer("label_token_ids", label_id_tensor(num_labels, label_token_ids))
-        self.register_buffer("share", torch.tensor(0.0))
 
     def forward(
         self,
@@ -56,12 +55,6 @@ class StatePath(nn.Module):
     ) -> torch.Tensor:
         """Arguments as :meth:`HiddenStateFilter.forward` -> ``(N, L)`` float32 logits."""
         return self.chains(token_ids, visit_index, ages, score_at, sex)
-
-    def set_share(self, share: float) -> None:
-        """The path's share of the model's logit, in [0, 1]."""
-        if not 0.0 <= share <= 1.0:
-            raise ValueError(f"the state path's share must lie in [0, 1], got {share}")
-        self.share.fill_(share)
 
     def cross_evidence_l1(self) -> torch.Tensor:
         """``()``: the summed absolute evidence weights of every code on the chains of labels it is not the code
