@@ -40,9 +40,13 @@ class PerVisitMatrixExp(HiddenStateFilter):
     def transition_table(self) -> torch.Tensor:
         return torch.empty(0)
 
-    def _carry(self, state, table, age, female, gap):  # type: ignore[no-untyped-def]
-        transition = torch.linalg.matrix_exp(self.generator(age, female) * gap[:, None, None, None])
-        return (state[..., :, None] * transition).sum(-2)
+    def _transitions(self, at_visit: torch.Tensor, female: torch.Tensor) -> torch.Tensor:
+        B, V = at_visit.shape
+        age = at_visit[:, :-1].reshape(-1)
+        gap = (at_visit[:, 1:] - at_visit[:, :-1]).clamp(min=0.0).reshape(-1)
+        sex = female[:, None].expand(B, V - 1).reshape(-1)
+        transition = torch.linalg.matrix_exp(self.generator(age, sex) * gap[:, None, None, None])
+        return transition.view(B, V - 1, *transition.shape[1:])
 
 
 def random_batch(patients: int, visits: int, codes: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:

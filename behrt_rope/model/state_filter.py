@@ -106,13 +106,17 @@ class HiddenStateFilter(nn.Module):
             last = int(scored_visits.max()) + 1 if len(scored_visits) else 0
             emission = torch.sigmoid(self.emission)  # (L, K)
             state = self._first_state(at_visit[:, 0], female, male)  # (B, L, K)
-            table = self.transition_table()  # (2, A, G, L, K, K)
+            # unbound once: a slice per visit would cost a whole-tensor gradient per visit in the backward
+            moves = self._transitions(at_visit[:, :last], female).unbind(1)  # last - 1 x (B, L, K, K)
+            # Reweighing by exp(evidence), scaled per (visit, label) so that its largest factor is 1: the same
+            # as a softmax of log(state) + evidence, without a log, exp and softmax at every visit.
+            weigh = torch.exp(evidence - evidence.amax(-1, keepdim=True))[:, :last].unbind(1)  # last x (B, L, K)
             chances = []
             for t in range(last):
                 if t > 0:
-                    gap = (at_visit[:, t] - at_visit[:, t - 1]).clamp(min=0.0)  # (B,) years
-                    state = self._carry(state, table, at_visit[:, t - 1], female, gap)
-                state = torch.softmax(torch.log(state.clamp(min=1e-30)) + evidence[:, t], dim=-1)
+                    state = (state.unsqueeze(-1) * moves[t - 1]).sum(-2)
+                state = state.clamp(min=1e-30) * weigh[t]
+                state = state / state.sum(-1, keepdim=True)
                 chances.append((state * emission).sum(-1))  # (B, L)
             if not chances:
                 return torch.zeros(0, self.num_labels, device=token_ids.device)
@@ -149,21 +153,25 @@ class HiddenStateFilter(nn.Module):
         table = torch.stack(powers, dim=1)  # (2 A, G, L, K, K)
         return table.view(2, len(AGE_GRID), GAP_POINTS, self.num_labels, self.num_states, self.num_states)
 
-    def _carry(
-        self, state: torch.Tensor, table: torch.Tensor, age: torch.Tensor, female: torch.Tensor, gap: torch.Tensor
-    ) -> torch.Tensor:
-        """Move ``(B, L, K)`` distributions ``gap`` ``(B,)`` years on, at the rates of ``age`` ``(B,)``: the
-        transition matrix is read off ``table`` (:meth:`transition_table`) bilinearly in age and in the gap's
-        grid position (:func:`_gap_position`); a convex mix of transition matrices is one too."""
-        sex = female.long()
+    def _transitions(self, at_visit: torch.Tensor, female: torch.Tensor) -> torch.Tensor:
+        """``(B, V)`` ages at each visit in years and ``(B,)`` female flags -> ``(B, V - 1, L, K, K)``: the
+        transition matrix from each visit to the next, at the rates of the earlier visit's age. Each is read
+        off :meth:`transition_table` bilinearly in age and in the gap's grid position (:func:`_gap_position`),
+        all visits in one weighted gather (``embedding_bag``: four table rows and their weights per move); a
+        convex mix of transition matrices is one too."""
+        B, V = at_visit.shape
+        L, K = self.num_labels, self.num_states
+        table = self.transition_table().reshape(-1, L * K * K)  # (2 A G, L K K)
+        age, gap = at_visit[:, :-1], (at_visit[:, 1:] - at_visit[:, :-1]).clamp(min=0.0)  # (B, V - 1) years
         a = (age / AGE_STEP).clamp(0.0, len(AGE_GRID) - 1.0)
         u = _gap_position(gap)
         a0, u0 = a.floor().long().clamp(max=len(AGE_GRID) - 2), u.floor().long().clamp(max=GAP_POINTS - 2)
-        wa, wu = (a - a0)[:, None, None, None], (u - u0)[:, None, None, None]
-        transition = (1 - wa) * ((1 - wu) * table[sex, a0, u0] + wu * table[sex, a0, u0 + 1]) + wa * (
-            (1 - wu) * table[sex, a0 + 1, u0] + wu * table[sex, a0 + 1, u0 + 1]
-        )  # (B, L, K, K)
-        return (state[..., :, None] * transition).sum(-2)
+        wa, wu = a - a0, u - u0
+        corner = (female.long()[:, None] * len(AGE_GRID) + a0) * GAP_POINTS + u0  # (B, V - 1) row of (a0, u0)
+        rows = torch.stack([corner, corner + 1, corner + GAP_POINTS, corner + GAP_POINTS + 1], dim=-1)
+        weights = torch.stack([(1 - wa) * (1 - wu), (1 - wa) * wu, wa * (1 - wu), wa * wu], dim=-1)
+        moves = F.embedding_bag(rows.reshape(-1, 4), table, per_sample_weights=weights.reshape(-1, 4), mode="sum")
+        return moves.view(B, V - 1, L, K, K)
 
     def _visit_evidence(self, token_ids: torch.Tensor, visit_index: torch.Tensor, visits: int) -> torch.Tensor:
         """``(B, V, L, K)``: each visit's log-potentials, from its distinct codes (special tokens and padding

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from behrt_rope.data.batching import BucketBatchSampler
 from behrt_rope.model.heads import BehrtForMultiLabel, multilabel_loss
 from behrt_rope.model.state_path import StatePath
 from behrt_rope.training.inference import score_parts
@@ -117,7 +118,10 @@ def _train(
     device: torch.device,
 ) -> tuple[_Best, int, str]:
     """Epochs of Adam on the chains alone; returns the best epoch's weights, epochs run and why it stopped."""
-    generator = torch.Generator().manual_seed(seed)
+    # Length-sorted batches (shuffled in order): a step runs the chains over its longest history's visits, so
+    # random batches of a cohort with a few long histories would spend most of it on padding.
+    lengths = train.dataset.lengths  # type: ignore[attr-defined]
+    sampler = BucketBatchSampler(lengths, BATCH_PATIENTS, bucket_size=len(lengths), seed=seed)  # one global sort
     path.to(device).train().requires_grad_(True)
     optimizer = torch.optim.Adam(path.parameters(), lr=LEARNING_RATE)
     started, best, epoch_seconds, stop = time.monotonic(), _Best(), 0.0, f"state_path_max_epochs ({max_epochs})"
@@ -130,10 +134,9 @@ def _train(
         if epoch - best.epoch > PATIENCE and best.epoch >= 0:
             stop = f"no better tuning macro AP for {PATIENCE} epochs"
             break
-        order = torch.randperm(len(train.dataset), generator=generator).tolist()  # type: ignore[arg-type]
-        steps = range(0, len(order), BATCH_PATIENTS)
-        for start in tqdm(steps, desc=f"state path epoch {epoch}", disable=not progress, unit="step"):
-            batch = train.collate([train.dataset[i] for i in order[start : start + BATCH_PATIENTS]])
+        sampler.set_epoch(epoch)
+        for items in tqdm(sampler.batches(), desc=f"state path epoch {epoch}", disable=not progress, unit="step"):
+            batch = train.collate([train.dataset[int(i)] for i in items])
             batch = {k: v.to(device) for k, v in batch.items()}
             logits = path(batch["token_ids"], batch["visit_index"], batch["ages"], batch["score_at"], batch.get("sex"))
             loss = multilabel_loss(logits, batch["targets"]) + l1 * path.cross_evidence_l1()
