@@ -165,6 +165,7 @@ def run(config: Config) -> Path:
     stage_started = time.monotonic()  # the time budget (trainer.max_minutes) counts from here
     if not config.data or not config.out:
         raise UserError("finetune needs --data ETL_DIR and --out DIR")
+    _check_path_settings(config)
     out_dir = Path(config.out)
     require_done(config.data, "etl")
     if not config.overwrite and not config.resume and is_done(out_dir, config, inputs=[config.data, config.pretrained]):
@@ -453,6 +454,18 @@ def _choose_run(
         },
     }
     return chosen, report
+
+
+def _check_path_settings(config: Config) -> None:
+    """Stop before any training on a path setting that could only fail once the deep part is trained."""
+    for name in ("sparse_time_share", "state_path_share"):
+        value = getattr(config, name)
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise UserError(f"{name} must lie in [0, 1] (or be null: chosen on the tuning split), got {value}")
+    if config.state_path_l1 < 0:
+        raise UserError(f"state_path_l1 must be >= 0 (0: no penalty), got {config.state_path_l1}")
+    if config.state_path_max_epochs < 0:
+        raise UserError(f"state_path_max_epochs must be >= 0 (0: not fitted), got {config.state_path_max_epochs}")
 
 
 def _soup_callback(config: Config, has_tuning: bool, monitor: str, mode: str) -> TopChecksSoup | None:

@@ -10,6 +10,7 @@ import torch
 
 from behrt_rope import schema as S
 from behrt_rope.data.sequences import load_tokens
+from behrt_rope.errors import UserError
 from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.model.state_path import StatePath
@@ -18,6 +19,7 @@ from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.inference import multilabel_model, score_parts
 from behrt_rope.training.sparse_time_fit import logit
 from behrt_rope.training.state_path_fit import SHARE_GRID
+from pipelines.finetune import Config, run
 from tests.fixtures_training import build_finetuned, read_metrics
 
 A, B = N_SPECIAL, N_SPECIAL + 1
@@ -130,3 +132,20 @@ def test_without_time_left_the_path_is_not_fitted_and_the_model_is_unchanged(fit
     assert report["fitted"] is False and report["share"] == 0.0 and "budget" in report["stopped_by"]
     assert all(torch.equal(v, model.state_path.state_dict()[k]) for k, v in weights.items())
     np.testing.assert_array_equal(score_parts(model, tuning.seqs, parts=("model",))["model"], before)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("state_path_share", 1.5, "state_path_share must lie in \\[0, 1\\]"),
+        ("sparse_time_share", -0.1, "sparse_time_share must lie in \\[0, 1\\]"),
+        ("state_path_l1", -1e-4, "state_path_l1 must be >= 0"),
+        ("state_path_max_epochs", -1, "state_path_max_epochs must be >= 0"),
+    ],
+)
+def test_finetune_rejects_a_bad_path_setting_before_reading_any_data(tmp_path: Path, setting, value, message):
+    """The shares and the penalty are used only after the deep part is trained: a typo must not cost that."""
+    config = Config(data=str(tmp_path / "no_such_etl"), out=str(tmp_path / "out"), **{setting: value})
+    with pytest.raises(UserError, match=message):
+        run(config)
+    assert not (tmp_path / "out").exists()
