@@ -580,6 +580,8 @@ led the path on the tuning split, macro AP 0.2500 against 0.2400)']
     '20 epochs (weights averaged over epochs 10, 15, 14)'
     >>> _finetune_info({"epochs": 4, "state_path": {"fitted": True, "epochs": 9, "share": 0.35}})
     '4 epochs; state path share 0.35 (fitted 9 epochs)'
+    >>> _finetune_info({"epochs": 4, "state_path": {"fitted": True, "sets_fitted": 2, "epochs": 40, "share": 0.5}})
+    '4 epochs; state path share 0.5 (2 sets of chains fitted, 40 epochs)'
     >>> _finetune_info({"epochs": 4, "state_path": {"fitted": False, "stopped_by": "the time budget", "share": 0.0}})
     '4 epochs; state path not fitted (the time budget)'
     """
@@ -593,14 +595,17 @@ led the path on the tuning split, macro AP 0.2500 against 0.2400)']
         parts.append(f"distillation weight {metrics['sparse_time_distillation']:g}" + _why_weight(metrics))
     states = metrics.get("state_path")
     if states:
-        why = states.get("stopped_by") or states.get("reason", "")
-        fitted = (
-            f"share {states['share']:g} (fitted {states['epochs']} epochs)"
-            if states["fitted"]
-            else f"not fitted ({why})"
-        )
-        parts.append(f"state path {fitted}")
+        parts.append(f"state path {_state_path_info(states)}")
     return "; ".join(parts)
+
+
+def _state_path_info(states: dict) -> str:
+    """What ``metrics.json`` ``state_path`` says of the fit, in a few words."""
+    if not states["fitted"]:
+        return f"not fitted ({states.get('stopped_by') or states.get('reason', '')})"
+    sets = states.get("sets_fitted", 1)
+    fitted = f"{sets} sets of chains fitted, " if sets > 1 else "fitted "
+    return f"share {states['share']:g} ({fitted}{states['epochs']} epochs)"
 
 
 def _why_weight(metrics: dict[str, Any]) -> str:

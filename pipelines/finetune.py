@@ -37,9 +37,9 @@ from behrt_rope.model.heads import load_encoder_weights, pos_weight_from_counts
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle, save_bundle, task_state_dict
 from behrt_rope.training.checkpoints import load_task_weights
+from behrt_rope.training.clear_gain import CHOICE_LEVEL
 from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.distillation_choice import (
-    CHOICE_LEVEL,
     PREFERRED_WEIGHT,
     PathLead,
     WeightChoice,

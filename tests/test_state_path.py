@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from behrt_rope import schema as S
+from behrt_rope.data.datasets import labelled_dataset
+from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targets
 from behrt_rope.data.sequences import load_tokens
 from behrt_rope.errors import UserError
 from behrt_rope.model.config import ModelConfig
@@ -17,8 +19,9 @@ from behrt_rope.model.state_path import StatePath
 from behrt_rope.schema import CLS_ID, N_SPECIAL, SEP_ID
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.inference import multilabel_model, score_parts
+from behrt_rope.training.loaders import SplitData
 from behrt_rope.training.sparse_time_fit import logit
-from behrt_rope.training.state_path_fit import SHARE_GRID
+from behrt_rope.training.state_path_fit import SHARE_GRID, fit_state_path
 from pipelines.finetune import Config, run
 from tests.fixtures_training import build_finetuned, read_metrics
 
@@ -62,7 +65,7 @@ def test_the_model_mixes_the_state_path_in_at_its_share_and_not_at_share_zero():
 
 def test_the_l1_penalty_leaves_each_label_s_own_code_free():
     path = StatePath(VOCAB, num_labels=2, num_states=3, label_token_ids=[A, B])
-    evidence = path.chains.evidence
+    evidence = path.chains[0].evidence
     with torch.no_grad():
         evidence.zero_()
         view = evidence.view(VOCAB, 2, 3)
@@ -74,61 +77,98 @@ def test_the_l1_penalty_leaves_each_label_s_own_code_free():
     assert path.cross_evidence_l1().item() == pytest.approx((3.5 + 1.5) / 2)  # per label
     unknown = StatePath(VOCAB, num_labels=2, num_states=3)  # own codes not given yet: every code counts
     with torch.no_grad():
-        unknown.chains.evidence.copy_(evidence)
+        unknown.chains[0].evidence.copy_(evidence)
     assert unknown.cross_evidence_l1().item() == pytest.approx((3 * 5 + 3 * 4 + 3.5 + 1.5) / 2)
 
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("state_path")
-    return root, build_finetuned(root, 160, 5, "model.state_path=2", "state_path_max_epochs=3")[1]
+    settings = ("model.state_path=2", "model.state_path_copies=2", "state_path_max_epochs=3")
+    return root, build_finetuned(root, 160, 5, *settings)[1]
 
 
 def test_finetune_fits_the_path_and_keeps_the_share_tuning_scores_best(fitted: tuple[Path, Path]):
     root, model_dir = fitted
     report = read_metrics(model_dir)["state_path"]
-    assert report["fitted"] and 1 <= report["epochs"] <= 3 and 0 <= report["best_epoch"] < report["epochs"]
+    assert report["fitted"] and report["sets_fitted"] == 2 and len(report["sets"]) == 2
+    assert all(1 <= s["epochs"] <= 3 and 0 <= s["best_epoch"] < s["epochs"] for s in report["sets"])
+    assert report["epochs"] == sum(s["epochs"] for s in report["sets"])
     scores = {float(w): v for w, v in report["tuning_macro_ap_by_share"].items()}
     assert set(scores) == set(SHARE_GRID)
-    assert scores[report["share"]] == max(scores.values())
+    # 0 unless a share's paired interval over the tuning patients lies above 0; then the largest such gain
+    over = {float(w): d for w, d in report["over_share_0"].items() if w != "level"}
+    assert set(over) == set(SHARE_GRID) - {0.0}
+    clear = {w: d["difference"] for w, d in over.items() if d["low"] > 0}
+    assert report["share"] == (max(clear, key=clear.get) if clear else 0.0)
     # the bundle carries the fitted chains and the share: the model's scores are the mix they make
     model = multilabel_model(load_bundle(model_dir, "multilabel"))
     assert model.state_path is not None and float(model.state_path.share) == pytest.approx(report["share"])
+    assert model.state_path.copy_weight.tolist() == [0.5, 0.5]  # both sets fitted, weighed equally
     tuning = load_tokens(root / "etl").split(S.TUNING)
     parts = score_parts(model, tuning, parts=("model", "deep", "path", "states"))
     p, s = float(model.sparse_time.share), report["share"]
     mixed = (1 - s) * ((1 - p) * logit(parts["deep"]) + p * logit(parts["path"])) + s * logit(parts["states"])
     np.testing.assert_allclose(logit(parts["model"]), mixed, rtol=1e-4, atol=1e-4)
+    # the two sets were fitted apart: each scores on its own, and the path is their mean
+    where = _scored_batch(tuning, model)
+    one, other = (chains(*where) for chains in model.state_path.chains)
+    assert not torch.allclose(one, other, atol=1e-3)
+    torch.testing.assert_close(model.state_path(*where), 0.5 * one + 0.5 * other)
     # the chains were trained: their scores differ from a fresh path's
-    fresh = StatePath(model.config.vocab_size, model.num_labels, 2)
+    fresh = StatePath(model.config.vocab_size, model.num_labels, 2, copies=2)
     model.state_path.chains.load_state_dict(fresh.chains.state_dict())
     assert not np.allclose(score_parts(model, tuning, parts=("states",))["states"], parts["states"], atol=1e-3)
 
 
-def test_without_time_left_the_path_is_not_fitted_and_the_model_is_unchanged(fitted: tuple[Path, Path]):
+def _scored_batch(seqs, model: BehrtForMultiLabel) -> tuple[torch.Tensor, ...]:
+    """The state path's inputs for the first 8 patients of ``seqs``, every visit scored."""
     from behrt_rope.data.datasets import labelled_dataset
-    from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targets
-    from behrt_rope.training.loaders import SplitData
-    from behrt_rope.training.state_path_fit import fit_state_path
 
+    rows = np.arange(8)
+    data, collate = labelled_dataset(seqs, rows, seqs.lengths[rows], None, None, model.pooling)
+    batch = collate([data[i] for i in range(len(data))])
+    return batch["token_ids"], batch["visit_index"], batch["ages"], batch["score_at"], batch["sex"]
+
+
+def test_a_path_weighs_only_its_fitted_sets_and_loads_a_one_set_bundle():
+    torch.manual_seed(0)
+    path = StatePath(VOCAB, num_labels=2, num_states=3, label_token_ids=[A, B], copies=3)
+    ids, visit, ages, score_at, sex = _batch()
+    with torch.no_grad():
+        first = path.chains[0](ids, visit, ages, score_at, sex)
+        path.use_copies([True, False, False])  # the budget left sets 1 and 2 unfitted
+        torch.testing.assert_close(path(ids, visit, ages, score_at, sex), first)
+        with pytest.raises(ValueError, match="at least one set"):
+            path.use_copies([False, False, False])
+        # a bundle from before the sets (session 49): one filter under "chains.", no weights
+        old = {k: v for k, v in path.state_dict().items() if not k.startswith("chains.") and k != "copy_weight"}
+        old.update({"chains." + k: v for k, v in path.chains[0].state_dict().items()})
+        loaded = StatePath(VOCAB, num_labels=2, num_states=3, label_token_ids=[A, B])
+        loaded.load_state_dict(old)
+        torch.testing.assert_close(loaded(ids, visit, ages, score_at, sex), first)
+        assert loaded.copy_weight.tolist() == [1.0]
+
+
+def _split(root: Path, bundle: dict, name: str) -> SplitData:
+    """Split ``name`` of the fixture's ETL, with the fine-tuned model's labels."""
+    label_of_token = label_index(np.asarray(bundle["label_token_ids"]), len(bundle["vocab"]))
+    part = load_tokens(root / "etl").split(name)
+    samples = build_samples(part, TaskConfig())
+    data, collate = labelled_dataset(part, samples.rows, samples.cuts, samples.label_spans, label_of_token, "visit")
+    return SplitData(part, samples, data, collate, targets(part, samples, label_of_token))
+
+
+def test_without_time_left_the_path_is_not_fitted_and_the_model_is_unchanged(fitted: tuple[Path, Path]):
     root, model_dir = fitted
     bundle = load_bundle(model_dir, "multilabel")
     model = multilabel_model(bundle)
-    label_of_token = label_index(np.asarray(bundle["label_token_ids"]), len(bundle["vocab"]))
-    seqs = load_tokens(root / "etl")
-
-    def split(name: str) -> SplitData:
-        part = seqs.split(name)
-        samples = build_samples(part, TaskConfig())
-        data, collate = labelled_dataset(part, samples.rows, samples.cuts, samples.label_spans, label_of_token, "visit")
-        return SplitData(part, samples, data, collate, targets(part, samples, label_of_token))
-
-    tuning = split(S.TUNING)
+    tuning = _split(root, bundle, S.TUNING)
     assert model.state_path is not None
     model.state_path.set_share(0.0)
     before = score_parts(model, tuning.seqs, parts=("model",))["model"]
     weights = {k: v.clone() for k, v in model.state_path.state_dict().items()}
-    report = fit_state_path(model, split(S.TRAIN), tuning, seconds_left=0.0)
+    report = fit_state_path(model, _split(root, bundle, S.TRAIN), tuning, seconds_left=0.0)
     assert report["fitted"] is False and report["share"] == 0.0 and "budget" in report["stopped_by"]
     assert all(torch.equal(v, model.state_path.state_dict()[k]) for k, v in weights.items())
     np.testing.assert_array_equal(score_parts(model, tuning.seqs, parts=("model",))["model"], before)

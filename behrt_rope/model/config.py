@@ -125,6 +125,9 @@ class ModelConfig:
     +0.0007 and +0.0021 tuning macro AP on two progression draws, 0.0000 on a clinical one and -0.0009 / -0.0002
     on a recurrence_sparse and a dense draw (mean +0.0003), for 1-5 minutes of fitting within the time budget
     (docs/benchmarks.md, "Forty-fifth round")."""
+    state_path_copies: int = 1
+    """With ``state_path``: independently initialised copies of every label's chain, trained side by side on the
+    same batches (each on its own loss) and averaged in the logit, as an ensemble of seeds."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -142,6 +145,8 @@ class ModelConfig:
             raise ValueError(f"state_filter (states per label chain) must be 0 (off) or >= 2, got {self.state_filter}")
         if self.state_path < 0 or self.state_path == 1:
             raise ValueError(f"state_path (states per label chain) must be 0 (off) or >= 2, got {self.state_path}")
+        if self.state_path_copies < 1:
+            raise ValueError(f"state_path_copies must be >= 1, got {self.state_path_copies}")
         if self.label_attention_heads < 0:
             raise ValueError(f"label_attention_heads must be >= 0, got {self.label_attention_heads}")
         if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attention_dropout < 1.0:
@@ -161,5 +166,6 @@ HEAD_FIELDS = (
     "sparse_time",
     "state_filter",
     "state_path",
+    "state_path_copies",
 )
 """ModelConfig fields of the fine-tuning head; the encoder's other fields come with a pre-trained encoder."""

@@ -41,6 +41,7 @@ ADDED_LATER: dict[str, Any] = {
     "visit_gap": False,
     "state_filter": 0,
     "state_path": 0,
+    "state_path_copies": 1,
 }
 """ModelConfig fields added after format version 1, with the value that a ``model.json`` written before them
 means: the model as it was then (their current defaults would describe a different set of weights)."""

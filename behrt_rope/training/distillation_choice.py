@@ -32,8 +32,8 @@ import torch
 from behrt_rope.data.labels import Samples
 from behrt_rope.data.sequences import Sequences
 from behrt_rope.errors import UserError
-from behrt_rope.evaluation.metrics import percentile_interval, summary_and_replicates
 from behrt_rope.model.heads import BehrtForMultiLabel
+from behrt_rope.training.clear_gain import choose_clearly_better
 from behrt_rope.training.inference import score_parts
 from behrt_rope.training.tasks import macro_average_precision
 
@@ -42,9 +42,6 @@ DISTILLATION_GRID = (0.0, 0.8)
 weight where only one training fits the budget)."""
 PREFERRED_WEIGHT = 0.8
 """The weight kept when both trained, unless the tuning split shows another clearly better (:func:`choose_weight`)."""
-CHOICE_LEVEL = 0.90
-"""The paired interval's level: another weight replaces the preferred one only when its lower end (the 5th
-percentile, a one-sided 95% bound) is above 0."""
 
 
 def candidate_weights(setting: float | None, has_path: bool, has_tuning: bool = True) -> tuple[float, ...]:
@@ -120,7 +117,8 @@ def path_leads(y: np.ndarray, deep: np.ndarray, path: np.ndarray) -> PathLead:
 @dataclass(frozen=True)
 class WeightChoice:
     """The weight kept, each weight's deep-part tuning macro AP, and each other weight's paired difference to
-    :data:`PREFERRED_WEIGHT` ``(difference, low, high)`` (a :data:`CHOICE_LEVEL` interval, patients resampled)."""
+    :data:`PREFERRED_WEIGHT` ``(difference, low, high)`` (a ``clear_gain.CHOICE_LEVEL`` interval, patients
+    resampled)."""
 
     weight: float
     macro_ap: dict[float, float]
@@ -138,20 +136,8 @@ def choose_weight(
     resamples for both) above 0; of several such, the largest difference. Without the preferred weight among
     those trained (no room for it), the first one stands.
     """
-    exact = {w: macro_average_precision(y, p) for w, p in probs.items()}
-    macro_ap = {w: round(ap, 5) for w, ap in exact.items()}
     if PREFERRED_WEIGHT not in probs:
+        macro_ap = {w: round(macro_average_precision(y, p), 5) for w, p in probs.items()}
         return WeightChoice(next(iter(probs)), macro_ap, {})
-    replicates = {
-        w: summary_and_replicates(y, p, None, n_bootstrap, seed, clusters=patients)[1]["macro_ap"]
-        for w, p in probs.items()
-    }
-    over = {}
-    for w in probs:
-        if w != PREFERRED_WEIGHT:
-            point = exact[w] - exact[PREFERRED_WEIGHT]
-            low, high = percentile_interval(replicates[w] - replicates[PREFERRED_WEIGHT], CHOICE_LEVEL, point)
-            over[w] = (round(point, 5), round(low, 5), round(high, 5))
-    clearly_better = [w for w, (_, low, _) in over.items() if low > 0]
-    weight = max(clearly_better, key=lambda w: over[w][0]) if clearly_better else PREFERRED_WEIGHT
-    return WeightChoice(weight, macro_ap, over)
+    choice = choose_clearly_better(y, probs, patients, PREFERRED_WEIGHT, n_bootstrap, seed)
+    return WeightChoice(choice.chosen, choice.macro_ap, choice.over_reference)

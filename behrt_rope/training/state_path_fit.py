@@ -1,13 +1,14 @@
 """Fit the state path (``model/state_path.py``) apart from the deep part, then choose its share of the logit.
 
 After the deep part is trained (and the sparse time path's share set), ``finetune`` trains the state path's
-chains alone, on the same train samples and targets: Adam on their own binary cross-entropy plus an L1 penalty
-on cross-code evidence (:meth:`StatePath.cross_evidence_l1`), an epoch at a time, keeping the weights of the
-epoch with the best tuning macro AP of the chains alone and stopping :data:`PATIENCE` epochs after it, at
-:data:`MAX_EPOCHS`, or when the next epoch would overrun the stage's time budget. Their share of the model's
-logit is then the best of :data:`SHARE_GRID` on the tuning split, 0 (the model as it was) included, so a
-cohort where the chains add nothing keeps its model. Without a tuning split nothing could choose either, and
-the path is not fitted.
+sets of chains alone, one after another, on the same train samples and targets: Adam on their own binary
+cross-entropy plus an L1 penalty on cross-code evidence (:meth:`StatePath.cross_evidence_l1`), an epoch at a
+time over length-sorted batches, keeping the weights of the epoch with the best tuning macro AP of the set alone
+and stopping :data:`PATIENCE` epochs after it, at :data:`MAX_EPOCHS`, or when the next epoch would overrun the
+stage's time budget (sets the budget leaves unfitted get no weight). Their share of the model's logit is 0 (the
+model as it was) unless a share of :data:`SHARE_GRID` is clearly better on the tuning split (a paired bootstrap
+over its patients), so a cohort where the chains add nothing keeps its model. Without a tuning split nothing
+could choose either, and the path is not fitted.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from scipy.special import expit
 from tqdm.auto import tqdm
 
 from behrt_rope.data.batching import BucketBatchSampler
 from behrt_rope.model.heads import BehrtForMultiLabel, multilabel_loss
-from behrt_rope.model.state_path import StatePath
+from behrt_rope.training.clear_gain import CHOICE_LEVEL, choose_clearly_better
 from behrt_rope.training.inference import score_parts
 from behrt_rope.training.loaders import SplitData
 from behrt_rope.training.sparse_time_fit import logit
@@ -60,9 +62,10 @@ def fit_state_path(
     progress: bool = False,
     device: torch.device | None = None,
 ) -> dict[str, Any]:
-    """Train ``model.state_path`` and set its share (``share``, or the best of :data:`SHARE_GRID` on the tuning
-    split); ``seconds_left``: the time budget left (None: no budget). Returns what ``metrics.json`` records
-    under ``state_path``. The rest of the model is not changed."""
+    """Train ``model.state_path``'s sets of chains one after another and set its share (``share``, or the best
+    of :data:`SHARE_GRID` on the tuning split); ``seconds_left``: the time budget left (None: no budget), shared
+    by the sets: those it leaves unfitted get no weight. Returns what ``metrics.json`` records under
+    ``state_path``. The rest of the model is not changed."""
     path = model.state_path
     assert path is not None, "fit_state_path needs a model with a state path (model.state_path)"
     if not len(tuning.y):
@@ -70,29 +73,40 @@ def fit_state_path(
         log.info("finetune: state path not fitted: no tuning split to choose its epochs and share")
         return {"fitted": False, "reason": "no tuning split", "share": 0.0}
     device = device or torch.device("cpu")
-    started = time.monotonic()
-    best, epochs, stop = _train(path, train, tuning, model, seconds_left, l1, max_epochs, seed, progress, device)
+    started, weights_before = time.monotonic(), path.copy_weight.clone()
+    sets: list[dict[str, Any]] = []
+    for number in range(path.copies):
+        left = None if seconds_left is None else seconds_left - (time.monotonic() - started)
+        best, epochs, stop = _train(model, number, train, tuning, left, l1, max_epochs, seed + number, progress, device)
+        sets.append({"epochs": epochs, "best_epoch": best.epoch, "stopped_by": stop, "tuning_macro_ap": best.macro_ap})
+        if best.weights is None:
+            break
+        path.chains[number].load_state_dict(best.weights)
+    fitted = [s["best_epoch"] >= 0 for s in sets] + [False] * (path.copies - len(sets))
     report: dict[str, Any] = {
-        "fitted": best.epoch >= 0,
-        "epochs": epochs,
-        "best_epoch": best.epoch,
-        "stopped_by": stop,
-        "tuning_macro_ap_alone": round(best.macro_ap, 5),
+        "fitted": any(fitted),
+        "sets_fitted": sum(fitted),
+        "epochs": sum(s["epochs"] for s in sets),
+        "stopped_by": sets[-1]["stopped_by"],
+        "sets": [{**s, "tuning_macro_ap": round(s["tuning_macro_ap"], 5)} for s in sets],
         "cross_evidence_l1": l1,
     }
-    if best.weights is None:
+    if not any(fitted):
+        path.copy_weight.copy_(weights_before)
         path.set_share(0.0)
-        log.info("finetune: state path not fitted: %s", stop)
+        log.info("finetune: state path not fitted: %s", report["stopped_by"])
         return {**report, "share": 0.0, "seconds": round(time.monotonic() - started, 1)}
-    path.load_state_dict(best.weights)
+    path.use_copies(fitted)
+    report["tuning_macro_ap_alone"] = round(_states_macro_ap(model, tuning, device), 5)
     report.update(_set_share(model, tuning, share, device))
     report["seconds"] = round(time.monotonic() - started, 1)
     log.info(
-        "finetune: state path fitted in %.0f s (%d epochs, best %d: tuning macro AP %.4f alone), share %.2f",
+        "finetune: state path fitted in %.0f s (%d of %d sets, %d epochs: tuning macro AP %.4f alone), share %.2f",
         report["seconds"],
-        epochs,
-        best.epoch,
-        best.macro_ap,
+        report["sets_fitted"],
+        path.copies,
+        report["epochs"],
+        report["tuning_macro_ap_alone"],
         report["share"],
     )
     return report
@@ -106,10 +120,10 @@ class _Best:
 
 
 def _train(
-    path: StatePath,
+    model: BehrtForMultiLabel,
+    number: int,
     train: SplitData,
     tuning: SplitData,
-    model: BehrtForMultiLabel,
     seconds_left: float | None,
     l1: float,
     max_epochs: int,
@@ -117,13 +131,18 @@ def _train(
     progress: bool,
     device: torch.device,
 ) -> tuple[_Best, int, str]:
-    """Epochs of Adam on the chains alone; returns the best epoch's weights, epochs run and why it stopped."""
+    """Epochs of Adam on set ``number`` of the chains alone (the path scores it alone meanwhile); returns the best
+    epoch's weights, epochs run and why it stopped."""
+    path = model.state_path
+    assert path is not None
+    chains = path.chains[number]
     # Length-sorted batches (shuffled in order): a step runs the chains over its longest history's visits, so
     # random batches of a cohort with a few long histories would spend most of it on padding.
     lengths = train.dataset.lengths  # type: ignore[attr-defined]
     sampler = BucketBatchSampler(lengths, BATCH_PATIENTS, bucket_size=len(lengths), seed=seed)  # one global sort
-    path.to(device).train().requires_grad_(True)
-    optimizer = torch.optim.Adam(path.parameters(), lr=LEARNING_RATE)
+    path.to(device).use_copies([c == number for c in range(path.copies)])
+    chains.train().requires_grad_(True)
+    optimizer = torch.optim.Adam(chains.parameters(), lr=LEARNING_RATE)
     started, best, epoch_seconds, stop = time.monotonic(), _Best(), 0.0, f"state_path_max_epochs ({max_epochs})"
     epoch = 0
     for epoch in range(max_epochs):
@@ -135,40 +154,51 @@ def _train(
             stop = f"no better tuning macro AP for {PATIENCE} epochs"
             break
         sampler.set_epoch(epoch)
-        for items in tqdm(sampler.batches(), desc=f"state path epoch {epoch}", disable=not progress, unit="step"):
+        steps = tqdm(
+            sampler.batches(), desc=f"state path set {number} epoch {epoch}", disable=not progress, unit="step"
+        )
+        for items in steps:
             batch = train.collate([train.dataset[int(i)] for i in items])
             batch = {k: v.to(device) for k, v in batch.items()}
-            logits = path(batch["token_ids"], batch["visit_index"], batch["ages"], batch["score_at"], batch.get("sex"))
-            loss = multilabel_loss(logits, batch["targets"]) + l1 * path.cross_evidence_l1()
+            logits = chains(
+                batch["token_ids"], batch["visit_index"], batch["ages"], batch["score_at"], batch.get("sex")
+            )
+            loss = multilabel_loss(logits, batch["targets"]) + l1 * path.cross_evidence_l1(number)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        path.eval()
-        states = score_parts(
-            model, tuning.seqs, tuning.samples.rows, tuning.samples.cuts, device=device, parts=("states",)
-        )
-        path.train()
-        macro_ap = macro_average_precision(tuning.y, states["states"])
+        chains.eval()
+        macro_ap = _states_macro_ap(model, tuning, device)
+        chains.train()
         if macro_ap > best.macro_ap:
-            best = _Best(macro_ap, epoch, copy.deepcopy(path.state_dict()))
+            best = _Best(macro_ap, epoch, copy.deepcopy(chains.state_dict()))
         epoch_seconds = (time.monotonic() - started) / (epoch + 1)
         log.info(
-            "finetune: state path epoch %d: tuning macro AP %.4f alone (%.1f s an epoch)",
+            "finetune: state path set %d epoch %d: tuning macro AP %.4f alone (%.1f s an epoch)",
+            number,
             epoch,
             macro_ap,
             epoch_seconds,
         )
     else:
         epoch = max_epochs
-    path.eval().requires_grad_(False)
+    chains.eval().requires_grad_(False)
     return best, epoch, stop
+
+
+def _states_macro_ap(model: BehrtForMultiLabel, tuning: SplitData, device: torch.device) -> float:
+    """Tuning macro AP of the state path alone, as its ``copy_weight`` stands."""
+    states = score_parts(model, tuning.seqs, tuning.samples.rows, tuning.samples.cuts, device=device, parts=("states",))
+    return macro_average_precision(tuning.y, states["states"])
 
 
 def _set_share(
     model: BehrtForMultiLabel, tuning: SplitData, share: float | None, device: torch.device
 ) -> dict[str, Any]:
-    """Set the state path's share: ``share``, or the best of :data:`SHARE_GRID` by tuning macro AP (ties: the
-    smaller share)."""
+    """Set the state path's share: ``share``, or 0 unless a share of :data:`SHARE_GRID` is clearly better on the
+    tuning split (:func:`~behrt_rope.training.clear_gain.choose_clearly_better`). Macro AP ranks each label's
+    samples only, so a path that adds nothing can still win the point estimates by noise while its share
+    pulls the model's logits toward its own (a calibration cost AP does not see)."""
     assert model.state_path is not None
     if share is not None:
         model.state_path.set_share(share)
@@ -178,7 +208,14 @@ def _set_share(
         model, tuning.seqs, tuning.samples.rows, tuning.samples.cuts, device=device, parts=("model", "states")
     )
     base, states = logit(probs["model"]), logit(probs["states"])
-    scores = {w: round(macro_average_precision(tuning.y, (1 - w) * base + w * states), 5) for w in SHARE_GRID}
-    chosen = max(scores, key=lambda w: (scores[w], -w))
-    model.state_path.set_share(chosen)
-    return {"share": chosen, "tuning_macro_ap_by_share": scores}
+    mixes = {w: expit((1 - w) * base + w * states) for w in SHARE_GRID}  # (N, L) probabilities
+    choice = choose_clearly_better(tuning.y, mixes, tuning.samples.rows, reference=0.0)
+    model.state_path.set_share(choice.chosen)
+    over = {
+        f"{w:g}": dict(zip(("difference", "low", "high"), v, strict=True)) for w, v in choice.over_reference.items()
+    }
+    return {
+        "share": choice.chosen,
+        "tuning_macro_ap_by_share": choice.macro_ap,
+        "over_share_0": {"level": CHOICE_LEVEL, **over},
+    }
