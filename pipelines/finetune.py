@@ -122,8 +122,9 @@ class Config:
     the code of (``model.state_path.StatePath.cross_evidence_l1``): 0 lets every code move every label's chain
     freely."""
     state_path_share: float | None = None
-    """With model.state_path, its weight in the model's logit; null: the best of
-    ``training.state_path_fit.SHARE_GRID`` (0 included) on the tuning split."""
+    """With model.state_path, its weight in the model's logit; null: 0 unless a share of
+    ``training.state_path_fit.SHARE_GRID`` is clearly better on the tuning split (the lower end of its paired
+    90% bootstrap interval over the tuning patients above 0; the largest such gain), ``training.clear_gain``."""
     state_path_max_epochs: int = STATE_PATH_EPOCHS
     """With model.state_path, its fit's epochs at most (it stops earlier when its tuning macro AP has not
     improved for 4 epochs, or when the next epoch would overrun ``trainer.max_minutes``)."""

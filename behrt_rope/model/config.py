@@ -120,14 +120,19 @@ class ModelConfig:
     state_path: int = 4
     """Fine-tuning head (visit pooling): states of the *state path* (``state_path.py``), the same chains as
     ``state_filter`` fitted apart after the deep part (``finetune`` ``state_path_*``) and averaged into the
-    model's logit at a share chosen on the tuning split (0 where it does not help); 0: no state path. On by
+    model's logit at a share chosen on the tuning split (0 unless a share is clearly better there); 0: no state
+    path. On by
     default since session 49: share chosen on one half of each tuning split and scored on the other, it added
     +0.0007 and +0.0021 tuning macro AP on two progression draws, 0.0000 on a clinical one and -0.0009 / -0.0002
     on a recurrence_sparse and a dense draw (mean +0.0003), for 1-5 minutes of fitting within the time budget
     (docs/benchmarks.md, "Forty-fifth round")."""
-    state_path_copies: int = 1
-    """With ``state_path``: independently initialised copies of every label's chain, trained side by side on the
-    same batches (each on its own loss) and averaged in the logit, as an ensemble of seeds."""
+    state_path_copies: int = 3
+    """With ``state_path``: sets of chains, each initialised and fitted on its own (its own batch order and best
+    epoch), one after another within the time budget, and averaged in the path's logit: an ensemble of seeds.
+    Three sets against one, share chosen on one half of each tuning split and scored on the other: +0.0043
+    against +0.0035 macro AP on a progression draw (chains alone 0.1464 against 0.1439), +0.0006 against
+    +0.0004 on a recurrence_sparse draw, -0.0003 either way on a clinical one, for three times the fit
+    (docs/benchmarks.md, "Forty-sixth round")."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:

@@ -12,8 +12,8 @@ each label ``l`` its own ``K``-state chain and runs its forward filter over the 
   ``expm(Q_l g)``, where ``Q_l`` has off-diagonal rates per year ``softplus(r_l + r_age_l a + r_sex_l female)``
   (a proportional-hazards-like dependence on the age at ``t - 1``). The matrices are exact at a grid (ages
   every 10 years, both sexes, gaps 0 and ``2^j / 64`` years, one batched matrix exponential and its squares
-  per forward pass) and mixed bilinearly in between, about 3x cheaper than one per visit
-  (``benchmarks/state_filter_speed.py``);
+  per forward pass) and mixed bilinearly in between, every visit's matrix in one weighted gather
+  (``embedding_bag``): 7-17x cheaper than a matrix exponential per visit (``benchmarks/state_filter_speed.py``);
 * at each visit it is reweighed by that visit's evidence, a learned log-potential per state from the codes
   recorded there (``sum_c W[c, l, k]`` over the visit's distinct codes, plus a per-state bias for a visit
   as such) and renormalised;
