@@ -64,8 +64,8 @@ def fit_state_path(
 ) -> dict[str, Any]:
     """Train ``model.state_path``'s sets of chains one after another and set its share (``share``, or 0 unless a
     share of :data:`SHARE_GRID` is clearly better on the tuning split: :func:`_set_share`); ``seconds_left``: the
-    time budget left (None: no budget), shared by the sets: those it leaves unfitted get no weight. Returns what ``metrics.json`` records under
-    ``state_path``. The rest of the model is not changed."""
+    time budget left (None: no budget), shared by the sets: those it leaves unfitted get no weight. Returns what
+    ``metrics.json`` records under ``state_path``. The rest of the model is not changed."""
     path = model.state_path
     assert path is not None, "fit_state_path needs a model with a state path (model.state_path)"
     if not len(tuning.y):
