@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.inference import multilabel_model, score_parts
 from behrt_rope.training.loaders import SplitData
 from behrt_rope.training.sparse_time_fit import logit
-from behrt_rope.training.state_path_fit import SHARE_GRID, fit_state_path
+from behrt_rope.training.state_path_fit import SHARE_GRID, _train, fit_state_path
 from pipelines.finetune import Config, run
 from tests.fixtures_training import build_finetuned, read_metrics
 
@@ -172,6 +173,20 @@ def test_without_time_left_the_path_is_not_fitted_and_the_model_is_unchanged(fit
     assert report["fitted"] is False and report["share"] == 0.0 and "budget" in report["stopped_by"]
     assert all(torch.equal(v, model.state_path.state_dict()[k]) for k, v in weights.items())
     np.testing.assert_array_equal(score_parts(model, tuning.seqs, parts=("model",))["model"], before)
+
+
+def test_a_set_whose_first_epoch_would_overrun_the_budget_is_not_started(fitted: tuple[Path, Path]):
+    """The epoch time measured on the set before stands for the next set's first epoch."""
+    root, model_dir = fitted
+    bundle = load_bundle(model_dir, "multilabel")
+    model = multilabel_model(bundle)
+    train, tuning = _split(root, bundle, S.TRAIN), _split(root, bundle, S.TUNING)
+    device = torch.device("cpu")
+    now = time.monotonic()
+    late = _train(model, 1, train, tuning, now + 1000.0, 2000.0, 2e-4, 3, 0, False, device)
+    assert late.epochs == 0 and late.best.weights is None and "budget" in late.stopped_by
+    on_time = _train(model, 1, train, tuning, now + 1000.0, 0.0, 2e-4, 1, 0, False, device)
+    assert on_time.epochs == 1 and on_time.best.weights is not None and on_time.epoch_seconds > 0
 
 
 @pytest.mark.parametrize(

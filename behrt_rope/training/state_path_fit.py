@@ -79,11 +79,22 @@ def fit_state_path(
         return {"fitted": False, "reason": "no tuning split", "share": 0.0}
     device = device or torch.device("cpu")
     started, weights_before = time.monotonic(), path.copy_weight.clone()
+    deadline = None if seconds_left is None else started + seconds_left
     sets: list[dict[str, Any]] = []
+    epoch_seconds = 0.0  # a set's epochs take about as long as the last set's: its first epoch must fit too
     for number in range(path.copies):
-        left = None if seconds_left is None else seconds_left - (time.monotonic() - started)
-        best, epochs, stop = _train(model, number, train, tuning, left, l1, max_epochs, seed + number, progress, device)
-        sets.append({"epochs": epochs, "best_epoch": best.epoch, "stopped_by": stop, "tuning_macro_ap": best.macro_ap})
+        fit = _train(
+            model, number, train, tuning, deadline, epoch_seconds, l1, max_epochs, seed + number, progress, device
+        )
+        best, epoch_seconds = fit.best, fit.epoch_seconds
+        sets.append(
+            {
+                "epochs": fit.epochs,
+                "best_epoch": best.epoch,
+                "stopped_by": fit.stopped_by,
+                "tuning_macro_ap": best.macro_ap,
+            }
+        )
         if best.weights is None:
             break
         path.chains[number].load_state_dict(best.weights)
@@ -124,20 +135,31 @@ class _Best:
     weights: dict[str, torch.Tensor] | None = None
 
 
+@dataclass
+class _SetFit:
+    best: _Best
+    epochs: int
+    stopped_by: str
+    epoch_seconds: float
+
+
 def _train(
     model: BehrtForMultiLabel,
     number: int,
     train: SplitData,
     tuning: SplitData,
-    seconds_left: float | None,
+    deadline: float | None,
+    epoch_seconds: float,
     l1: float,
     max_epochs: int,
     seed: int,
     progress: bool,
     device: torch.device,
-) -> tuple[_Best, int, str]:
-    """Epochs of Adam on set ``number`` of the chains alone (the path scores it alone meanwhile); returns the best
-    epoch's weights, epochs run and why it stopped."""
+) -> _SetFit:
+    """Epochs of Adam on set ``number`` of the chains alone (the path scores it alone meanwhile), none that would
+    end past ``deadline`` (``time.monotonic()``; None: no budget), ``epoch_seconds`` the time an epoch is expected
+    to take until one has run here; returns the best epoch's weights, epochs run, why it stopped and the
+    seconds an epoch took."""
     path = model.state_path
     assert path is not None
     chains = path.chains[number]
@@ -148,11 +170,10 @@ def _train(
     path.to(device).use_copies([c == number for c in range(path.copies)])
     chains.train().requires_grad_(True)
     optimizer = torch.optim.Adam(chains.parameters(), lr=LEARNING_RATE)
-    started, best, epoch_seconds, stop = time.monotonic(), _Best(), 0.0, f"state_path_max_epochs ({max_epochs})"
+    started, best, stop = time.monotonic(), _Best(), f"state_path_max_epochs ({max_epochs})"
     epoch = 0
     for epoch in range(max_epochs):
-        elapsed = time.monotonic() - started
-        if seconds_left is not None and elapsed + epoch_seconds > seconds_left:
+        if deadline is not None and time.monotonic() + epoch_seconds > deadline:
             stop = "the time budget (trainer.max_minutes)"
             break
         if epoch - best.epoch > PATIENCE and best.epoch >= 0:
@@ -188,7 +209,7 @@ def _train(
     else:
         epoch = max_epochs
     chains.eval().requires_grad_(False)
-    return best, epoch, stop
+    return _SetFit(best, epoch, stop, epoch_seconds)
 
 
 def _states_macro_ap(model: BehrtForMultiLabel, tuning: SplitData, device: torch.device) -> float:
