@@ -24,7 +24,7 @@ Shapes: ``B`` patients, ``T`` tokens, ``N`` scored positions, ``L`` labels, ``C`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -86,7 +86,7 @@ class StatePath(SharedPath):
         """``()``: the summed absolute evidence weights of every code on set ``copy``'s chains of labels it is not
         the code of, divided by ``L`` (so that one strength suits label sets of any size: the loss is a mean
         over labels). A label's own code is free."""
-        chains = self.chains[copy]
+        chains = cast(HiddenStateFilter, self.chains[copy])
         L, K = chains.num_labels, chains.num_states
         weight = chains.evidence.view(chains.vocab_size, L, K).abs().sum(-1)  # (C, L)
         labels = torch.arange(L, device=weight.device)
