@@ -36,6 +36,7 @@ from behrt_rope.model.config import HEAD_FIELDS, ModelConfig
 from behrt_rope.model.heads import load_encoder_weights, pos_weight_from_counts
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle, save_bundle, task_state_dict
+from behrt_rope.training.chain_pairs import PAIR_CORRELATION
 from behrt_rope.training.checkpoints import load_task_weights
 from behrt_rope.training.clear_gain import CHOICE_LEVEL
 from behrt_rope.training.config import TrainerConfig
@@ -128,6 +129,10 @@ class Config:
     state_path_max_epochs: int = STATE_PATH_EPOCHS
     """With model.state_path, its fit's epochs at most (it stops earlier when its tuning macro AP has not
     improved for 4 epochs, or when the next epoch would overrun ``trainer.max_minutes``)."""
+    state_path_pair_correlation: float | None = PAIR_CORRELATION
+    """With model.state_path, two label codes share one chain when each is the other's most correlated label
+    code across the train patients (presence) and the correlation is at least this (``training.chain_pairs``);
+    null: each label its own chain."""
     select_by: Literal["loss", "macro_ap"] = "loss"
     """What picks the best tuning check (the checkpoint kept, the checks of the soup, early stopping): the tuning
     split's BCE loss or its macro AP. The loss averages over every sample and label and is the less noisy of the
@@ -251,6 +256,7 @@ def run(config: Config) -> Path:
                 tc.seed,
                 tc.progress_bar,
                 trainer.strategy.root_device,
+                config.state_path_pair_correlation,
             )
         # every rank validates (a collective under DDP); only rank 0 writes
         val = trainer.validate(task, val_loader, verbose=False)[0] if val_loader is not None else {}
@@ -467,6 +473,9 @@ def _check_path_settings(config: Config) -> None:
         raise UserError(f"state_path_l1 must be >= 0 (0: no penalty), got {config.state_path_l1}")
     if config.state_path_max_epochs < 0:
         raise UserError(f"state_path_max_epochs must be >= 0 (0: not fitted), got {config.state_path_max_epochs}")
+    pairing = config.state_path_pair_correlation
+    if pairing is not None and not 0.0 <= pairing <= 1.0:
+        raise UserError(f"state_path_pair_correlation must lie in [0, 1] (or be null: no shared chains), got {pairing}")
 
 
 def _soup_callback(config: Config, has_tuning: bool, monitor: str, mode: str) -> TopChecksSoup | None:

@@ -19,6 +19,7 @@ from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.model.state_path import StatePath
 from behrt_rope.schema import CLS_ID, N_SPECIAL, SEP_ID
 from behrt_rope.training.bundle import load_bundle
+from behrt_rope.training.chain_pairs import paired_chains
 from behrt_rope.training.inference import multilabel_model, score_parts
 from behrt_rope.training.loaders import SplitData
 from behrt_rope.training.sparse_time_fit import logit
@@ -106,6 +107,10 @@ def test_finetune_fits_the_path_and_keeps_the_share_tuning_scores_best(fitted: t
     model = multilabel_model(load_bundle(model_dir, "multilabel"))
     assert model.state_path is not None and float(model.state_path.share) == pytest.approx(report["share"])
     assert model.state_path.copy_weight.tolist() == [0.5, 0.5]  # both sets fitted, weighed equally
+    # label codes that travel together in the train patients share a chain, in every set, saved in the bundle
+    expected = paired_chains(load_tokens(root / "etl").split(S.TRAIN), model.state_path.label_token_ids.numpy())
+    assert all(chains.chain_of_label.tolist() == expected.tolist() for chains in model.state_path.chains)
+    assert report["shared_chains"] == len(expected) - len(np.unique(expected))
     tuning = load_tokens(root / "etl").split(S.TUNING)
     parts = score_parts(model, tuning, parts=("model", "deep", "path", "states"))
     p, s = float(model.sparse_time.share), report["share"]
@@ -196,6 +201,7 @@ def test_a_set_whose_first_epoch_would_overrun_the_budget_is_not_started(fitted:
         ("sparse_time_share", -0.1, "sparse_time_share must lie in \\[0, 1\\]"),
         ("state_path_l1", -1e-4, "state_path_l1 must be >= 0"),
         ("state_path_max_epochs", -1, "state_path_max_epochs must be >= 0"),
+        ("state_path_pair_correlation", 1.5, "state_path_pair_correlation must lie in \\[0, 1\\]"),
     ],
 )
 def test_finetune_rejects_a_bad_path_setting_before_reading_any_data(tmp_path: Path, setting, value, message):

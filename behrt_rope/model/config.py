@@ -117,11 +117,12 @@ class ModelConfig:
     fine-tuning got a third fewer epochs on a clinical draw, and on long dense histories it is worse (model
     -0.0018, deep part -0.0069 on a clean pair) (docs/benchmarks.md, "Forty-fourth round")."""
 
-    state_path: int = 4
+    state_path: int = 6
     """Fine-tuning head (visit pooling): states of the *state path* (``state_path.py``), the same chains as
     ``state_filter`` fitted apart after the deep part (``finetune`` ``state_path_*``) and averaged into the
     model's logit at a share chosen on the tuning split (0 unless a share is clearly better there); 0: no state
-    path. On by
+    path. 6 states since session 51 (4 before), with label codes that travel together sharing a chain
+    (``finetune`` ``state_path_pair_correlation``): a shared chain holds two codes' stages. On by
     default since session 49: share chosen on one half of each tuning split and scored on the other, it added
     +0.0007 and +0.0021 tuning macro AP on two progression draws, 0.0000 on a clinical one and -0.0009 / -0.0002
     on a recurrence_sparse and a dense draw (mean +0.0003), for 1-5 minutes of fitting within the time budget

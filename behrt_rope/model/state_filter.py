@@ -18,7 +18,8 @@ each label ``l`` its own ``K``-state chain and runs its forward filter over the 
   recorded there (``sum_c W[c, l, k]`` over the visit's distinct codes, plus a per-state bias for a visit
   as such) and renormalised;
 * label ``l``'s logit at a scored visit is ``logit(sum_k pi_k sigmoid(e_lk))``: each state's chance of
-  recording ``l`` at the next visit, weighed by the filtered state.
+  recording ``l`` at the next visit, weighed by the filtered state ``pi`` of the label's chain
+  (``chain_of_label[l]``: its own by default; labels can share one, see :meth:`share_chains`).
 
 This is the forward filter of a continuous-time HMM, as in disease-progression models (e.g. Liu et al. 2015,
 "Efficient learning of continuous-time hidden Markov models for disease progression"), with the emission
@@ -32,6 +33,8 @@ Shapes: ``B`` patients, ``T`` tokens, ``V`` visits (the largest visit index + 1)
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -66,6 +69,7 @@ class HiddenStateFilter(nn.Module):
 
     move_from: torch.Tensor  # (K (K - 1),) long: the state each off-diagonal rate leaves
     move_to: torch.Tensor  # (K (K - 1),) long: the state it enters
+    chain_of_label: torch.Tensor  # (L,) long: the chain each label reads (saved; its own unless shared)
 
     def __init__(self, vocab_size: int, num_labels: int, num_states: int = 4) -> None:
         super().__init__()
@@ -85,6 +89,8 @@ class HiddenStateFilter(nn.Module):
         off_diagonal = (~torch.eye(K, dtype=torch.bool)).nonzero()  # (moves, 2) (from, to)
         self.register_buffer("move_from", off_diagonal[:, 0].clone(), persistent=False)
         self.register_buffer("move_to", off_diagonal[:, 1].clone(), persistent=False)
+        self.register_buffer("chain_of_label", torch.arange(L))
+        self._register_load_state_dict_pre_hook(_own_chains)
 
     def forward(
         self,
@@ -117,12 +123,22 @@ class HiddenStateFilter(nn.Module):
                     state = (state.unsqueeze(-1) * moves[t - 1]).sum(-2)
                 state = state.clamp(min=1e-30) * weigh[t]
                 state = state / state.sum(-1, keepdim=True)
-                chances.append((state * emission).sum(-1))  # (B, L)
+                chances.append((state[:, self.chain_of_label] * emission).sum(-1))  # (B, L)
             if not chances:
                 return torch.zeros(0, self.num_labels, device=token_ids.device)
             chance = torch.stack(chances, dim=1)[scored_rows, scored_visits]  # (N, L)
             chance = chance.clamp(PROBABILITY_FLOOR, 1.0 - PROBABILITY_FLOOR)
             return torch.log(chance) - torch.log1p(-chance)
+
+    def share_chains(self, chain_of_label: torch.Tensor) -> None:
+        """Let labels share chains: label ``l`` reads chain ``chain_of_label[l]`` ``(L,)`` (each with its own
+        emission chances of the shared states). A chain no label reads still runs, untrained and unread."""
+        chain_of_label = torch.as_tensor(chain_of_label, dtype=torch.long)
+        if chain_of_label.shape != (self.num_labels,) or not (
+            (chain_of_label >= 0).all() and (chain_of_label < self.num_labels).all()
+        ):
+            raise ValueError(f"chain_of_label must hold {self.num_labels} chain numbers in [0, {self.num_labels})")
+        self.chain_of_label.copy_(chain_of_label)
 
     def generator(self, age: torch.Tensor, female: torch.Tensor) -> torch.Tensor:
         """``(B,)`` ages in years and female flags -> ``(B, L, K, K)`` rate matrices per year (rows sum to 0)."""
@@ -183,6 +199,13 @@ class HiddenStateFilter(nn.Module):
         recorded[rows[codes], visit_index[codes], token_ids[codes]] = 1.0  # a code counts once per visit
         evidence = (recorded @ self.evidence).view(B, visits, self.num_labels, self.num_states)
         return evidence + self.visit_evidence
+
+
+def _own_chains(state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    """A filter saved before chains could be shared (session 51) has no ``chain_of_label``: each label its own."""
+    emission = state_dict.get(prefix + "emission")
+    if prefix + "chain_of_label" not in state_dict and emission is not None:
+        state_dict[prefix + "chain_of_label"] = torch.arange(emission.shape[0])
 
 
 def _gap_position(gap: torch.Tensor) -> torch.Tensor:

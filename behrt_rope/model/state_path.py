@@ -82,17 +82,23 @@ class StatePath(SharedPath):
             raise ValueError(f"use_copies needs {self.copies} flags, at least one set, got {list(used)}")
         self.copy_weight.copy_(flags / flags.sum())
 
+    def share_chains(self, chain_of_label: torch.Tensor) -> None:
+        """Let labels share chains in every set (:meth:`HiddenStateFilter.share_chains`); ``chain_of_label``
+        ``(L,)``: the chain each label reads."""
+        for chains in self.chains:
+            cast(HiddenStateFilter, chains).share_chains(chain_of_label)
+
     def cross_evidence_l1(self, copy: int = 0) -> torch.Tensor:
-        """``()``: the summed absolute evidence weights of every code on set ``copy``'s chains of labels it is not
-        the code of, divided by ``L`` (so that one strength suits label sets of any size: the loss is a mean
-        over labels). A label's own code is free."""
+        """``()``: the summed absolute evidence weights of every code on set ``copy``'s chains, except each
+        label's own code on the chain that label reads, divided by ``L`` (so that one strength suits label sets
+        of any size: the loss is a mean over labels). A chain shared by several labels reads all their codes
+        free."""
         chains = cast(HiddenStateFilter, self.chains[copy])
         L, K = chains.num_labels, chains.num_states
         weight = chains.evidence.view(chains.vocab_size, L, K).abs().sum(-1)  # (C, L)
-        labels = torch.arange(L, device=weight.device)
         own = self.label_token_ids
         known = own >= 0
-        own_total = weight[own[known], labels[known]].sum()
+        own_total = weight[own[known], chains.chain_of_label[known]].sum()
         return (weight.sum() - own_total) / L
 
 

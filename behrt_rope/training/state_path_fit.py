@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from behrt_rope.data.batching import BucketBatchSampler
 from behrt_rope.model.heads import BehrtForMultiLabel, multilabel_loss
+from behrt_rope.training.chain_pairs import PAIR_CORRELATION, paired_chains
 from behrt_rope.training.clear_gain import CHOICE_LEVEL, choose_clearly_better
 from behrt_rope.training.inference import score_parts
 from behrt_rope.training.loaders import SplitData
@@ -66,11 +67,14 @@ def fit_state_path(
     seed: int = 0,
     progress: bool = False,
     device: torch.device | None = None,
+    pair_correlation: float | None = PAIR_CORRELATION,
 ) -> dict[str, Any]:
     """Train ``model.state_path``'s sets of chains one after another and set its share (``share``, or 0 unless a
     share of :data:`SHARE_GRID` is clearly better on the tuning split: :func:`_set_share`); ``seconds_left``: the
-    time budget left (None: no budget), shared by the sets: those it leaves unfitted get no weight. Returns what
-    ``metrics.json`` records under ``state_path``. The rest of the model is not changed."""
+    time budget left (None: no budget), shared by the sets: those it leaves unfitted get no weight. Label codes
+    that travel together in the train patients share a chain (:func:`~behrt_rope.training.chain_pairs.
+    paired_chains` at ``pair_correlation``; None: each label its own). Returns what ``metrics.json`` records
+    under ``state_path``. The rest of the model is not changed."""
     path = model.state_path
     assert path is not None, "fit_state_path needs a model with a state path (model.state_path)"
     if not len(tuning.y):
@@ -79,6 +83,7 @@ def fit_state_path(
         return {"fitted": False, "reason": "no tuning split", "share": 0.0}
     device = device or torch.device("cpu")
     started, weights_before = time.monotonic(), path.copy_weight.clone()
+    shared = _share_chains(model, train, pair_correlation)
     deadline = None if seconds_left is None else started + seconds_left
     sets: list[dict[str, Any]] = []
     epoch_seconds = 0.0  # a set's epochs take about as long as the last set's: its first epoch must fit too
@@ -106,6 +111,7 @@ def fit_state_path(
         "stopped_by": sets[-1]["stopped_by"],
         "sets": [{**s, "tuning_macro_ap": round(s["tuning_macro_ap"], 5)} for s in sets],
         "cross_evidence_l1": l1,
+        "shared_chains": shared,
     }
     if not any(fitted):
         path.copy_weight.copy_(weights_before)
@@ -126,6 +132,22 @@ def fit_state_path(
         report["share"],
     )
     return report
+
+
+def _share_chains(model: BehrtForMultiLabel, train: SplitData, pair_correlation: float | None) -> int:
+    """Pair the state path's labels whose codes travel together (None: none); returns the chains shared."""
+    path = model.state_path
+    assert path is not None
+    label_codes = path.label_token_ids.cpu().numpy()
+    if pair_correlation is None:
+        chains = torch.arange(len(label_codes))
+    else:
+        chains = torch.from_numpy(paired_chains(train.seqs, label_codes, pair_correlation))
+    path.share_chains(chains)
+    shared = len(chains) - len(torch.unique(chains))
+    if shared:
+        log.info("finetune: state path: %d pairs of label codes share a chain", shared)
+    return shared
 
 
 @dataclass
