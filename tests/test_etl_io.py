@@ -200,19 +200,38 @@ def test_impossible_calendar_dates_are_not_rolled_over() -> None:
     assert parsed.tolist() == [None, dt.datetime(2020, 2, 29), None]
 
 
-def test_text_with_utc_offset_is_converted_to_utc() -> None:
-    parsed = io.parse_times(pa.array(["2020-01-01T23:30:00-05:00", "2020-01-01T23:30:00Z", "2020-01-01T23:30"]))
+def test_text_with_utc_offset_keeps_its_local_wall_time() -> None:
+    """The offset is dropped, not applied: birth dates are local dates, so event days must be local too.
+    Offsets may differ from row to row; times without one are unchanged."""
+    parsed = io.parse_times(
+        pa.array(
+            [
+                "2020-01-01T23:30:00-05:00",
+                "2020-01-01T23:30:00Z",
+                "2020-01-01T23:30",
+                "2020-01-01 23:30:00.5 +0530",
+                "2020-01-01T23+02",
+                "2020-01-01",
+                "2020-01-01T23:30:00+02:00:00",
+            ]
+        )
+    )
     assert parsed.tolist() == [
-        dt.datetime(2020, 1, 2, 4, 30),
         dt.datetime(2020, 1, 1, 23, 30),
         dt.datetime(2020, 1, 1, 23, 30),
+        dt.datetime(2020, 1, 1, 23, 30),
+        dt.datetime(2020, 1, 1, 23, 30, 0, 500000),
+        dt.datetime(2020, 1, 1, 23, 0),
+        dt.datetime(2020, 1, 1),
+        None,
     ]
 
 
-def test_zoned_parquet_timestamps_are_converted_to_utc_wall_time() -> None:
+def test_zoned_parquet_timestamps_keep_their_local_wall_time() -> None:
     local = pd.Series(pd.to_datetime(["2020-01-01 23:30", "2020-07-01 12:00"])).dt.tz_localize("America/New_York")
-    parsed = io.parse_times(pa.array(local))
-    assert parsed.tolist() == [dt.datetime(2020, 1, 2, 4, 30), dt.datetime(2020, 7, 1, 16, 0)]
+    assert io.parse_times(pa.array(local)).tolist() == [dt.datetime(2020, 1, 1, 23, 30), dt.datetime(2020, 7, 1, 12)]
+    offset = pa.array([dt.datetime(2020, 1, 1, 22, 30)], pa.timestamp("us", "UTC")).cast(pa.timestamp("ms", "+02:00"))
+    assert io.parse_times(offset).tolist() == [dt.datetime(2020, 1, 2, 0, 30)]
 
 
 def test_dates_and_naive_timestamps_pass_through() -> None:
@@ -221,8 +240,8 @@ def test_dates_and_naive_timestamps_pass_through() -> None:
     assert io.parse_times(ts).tolist() == [dt.datetime(2020, 1, 2, 3, 4, 5)]
 
 
-def test_zoned_event_times_group_into_utc_days(tmp_path: Path) -> None:
-    """A 23:30 New York event is on the next UTC day: it forms its own visit there."""
+def test_zoned_event_times_group_into_local_days(tmp_path: Path) -> None:
+    """Two New York events on one local day (the second after 19:00, the next day in UTC) form one visit."""
     events = pd.DataFrame(
         {
             "patient_id": ["p1", "p1"],
@@ -236,8 +255,29 @@ def test_zoned_event_times_group_into_utc_days(tmp_path: Path) -> None:
         write_visits(tmp_path / "in", pd.DataFrame(PATIENTS), events, "parquet"), tmp_path / "out", split=ALL_TRAIN
     )
     row = out.tokens.iloc[0]
-    assert out.token_strings("p1") == ["[CLS]", "I10", "[SEP]", "E11", "[SEP]"]
-    assert pd.Timestamp(row[S.VISIT_DATES][-1]) == pd.Timestamp("2010-01-02 04:30")
+    assert out.token_strings("p1") == ["[CLS]", "E11", "I10", "[SEP]"]
+    assert pd.Timestamp(row[S.VISIT_DATES][0]) == pd.Timestamp("2010-01-01 10:00")
+
+
+def test_offset_event_on_the_day_of_birth_is_kept(tmp_path: Path) -> None:
+    """00:30 at UTC+2 on the day of birth is that day (not the day before in UTC); two events of one local
+    day with an offset form one visit; naive times beside them are read as before."""
+    patients = pd.DataFrame([{"patient_id": "p1", "birth_date": "2020-03-01"}, *PATIENTS[1:]])
+    events = pd.DataFrame(
+        [
+            {"patient_id": "p1", "date": "2020-03-01T00:30:00+02:00", "code": "P07.3"},
+            {"patient_id": "p2", "date": "2010-05-05T01:00:00+02:00", "code": "E11.9"},
+            {"patient_id": "p2", "date": "2010-05-05T23:00:00-05:00", "code": "I10"},
+            {"patient_id": "p2", "date": "2010-05-06T00:30:00", "code": "J45"},
+        ]
+    )
+    out = etl(write_visits(tmp_path / "in", patients, events, "csv"), tmp_path / "out", split=ALL_TRAIN)
+    assert out.manifest["quarantine_reasons"] == {}
+    assert out.manifest["tables"]["events.csv"]["used"] == 4
+    assert out.token_strings("p1") == ["[CLS]", "P073", "[SEP]"]
+    assert out.token_strings("p2") == ["[CLS]", "E119", "I10", "[SEP]", "J45", "[SEP]"]
+    dates = out.tokens.set_index(S.PATIENT_ID).loc["p2", S.VISIT_DATES]
+    assert pd.Timestamp(dates[0]) == pd.Timestamp("2010-05-05 01:00")
 
 
 def test_parquet_date_columns_are_accepted(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +163,18 @@ def test_quarantine_reasons_and_reconciliation(tmp_path: Path) -> None:
     assert set(token_streams(tmp_path / "out")) == {"1", "2"}
 
 
+def test_quarantine_holds_the_code_as_read(tmp_path: Path) -> None:
+    """Quarantined diagnoses show the MEDS code as written (blanks stripped), not the extracted code."""
+    rows = [(s, t, f" {code} " if s == 2 else code) for s, t, code in COHORT]
+    manifest = run_etl(write_meds(tmp_path / "in", rows), tmp_path / "out", config(), progress=False)
+    assert_reconciles(manifest)
+    quarantine = pd.read_parquet(tmp_path / "out" / S.QUARANTINE_FILE).set_index(S.SOURCE_ROW)
+    assert quarantine.loc[13, S.CODE] == "DIAGNOSIS//ICD//9//V08"  # event_before_birth
+    assert quarantine.loc[17, S.CODE] == "DIAGNOSIS//ICD//10//I10"  # event_after_death
+    assert quarantine.loc[18, S.CODE] == "DIAGNOSIS//ICD//10//I10"  # missing_birth
+    assert quarantine.loc[20, S.CODE] == ""  # a patient row
+
+
 def test_subject_splits_are_honoured(tmp_path: Path) -> None:
     given = {1: S.HELD_OUT, 2: S.TUNING, 77: S.TRAIN}
     raw = meds.read(write_meds(tmp_path / "in", COHORT, splits=given), config())
@@ -290,6 +303,92 @@ def test_codes_with_surrounding_blanks_read_as_without(tmp_path: Path) -> None:
     assert results["padded"] == results["clean"]
     assert results["clean"][2]["meds.visit_rule"] == "admission (auto)"
     assert results["clean"][0]["2"]["tokens"] == ["[CLS]", "ICD10CM/E119", "ICD9CM/25000", "[SEP]"]
+
+
+def write_file(root: Path, name: str, ids: list, times: pa.Array | list, codes: list) -> None:
+    """One MEDS event file ``data/<name>.parquet`` with the columns typed as given."""
+    path = root / S.MEDS_DATA_DIR / f"{name}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({S.MEDS_SUBJECT_ID: ids, S.MEDS_TIME: times, S.MEDS_CODE: codes}), path)
+
+
+def zoned(texts: list[str], zone: str) -> pa.Array:
+    """Local wall-clock times as a zoned Arrow timestamp column."""
+    local = pd.Series(pd.to_datetime(texts, format="ISO8601")).dt.tz_localize(zone)
+    return pa.array(local, pa.timestamp("us", zone))
+
+
+BIRTH_AND_I10 = ["MEDS_BIRTH", "DIAGNOSIS//ICD//10//I10"]
+MIXED_LAYOUTS = {  # the second file's subject 2 differs from the first's subject 1 in one column type
+    "text_times": (
+        [1, 1],
+        pa.array([dt.datetime(1980, 1, 1), dt.datetime(2010, 1, 1, 9)], pa.timestamp("us")),
+        [2, 2],
+        ["1970-01-01", "2000-01-01T09:00:00"],
+    ),
+    "zoned_times": (
+        [1, 1],
+        pa.array([dt.datetime(1980, 1, 1), dt.datetime(2010, 1, 1, 9)], pa.timestamp("us")),
+        [2, 2],
+        zoned(["1970-01-01", "2000-01-01 09:00"], "Europe/Paris"),
+    ),
+    "text_ids": (
+        [1, 1],
+        pa.array([dt.datetime(1980, 1, 1), dt.datetime(2010, 1, 1, 9)], pa.timestamp("us")),
+        ["2", "2"],
+        pa.array([dt.datetime(1970, 1, 1), dt.datetime(2000, 1, 1, 9)], pa.timestamp("ms")),
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(MIXED_LAYOUTS))
+@pytest.mark.parametrize("shards", [1, 2])
+def test_files_whose_column_types_differ_are_read_together(tmp_path: Path, layout: str, shards: int) -> None:
+    """Each layout is accepted alone, so files mixing them are too: ids as text, times parsed per file."""
+    ids_a, times_a, ids_b, times_b = MIXED_LAYOUTS[layout]
+    write_file(tmp_path / "in", "0", ids_a, times_a, BIRTH_AND_I10)
+    write_file(tmp_path / "in", "1", ids_b, times_b, BIRTH_AND_I10)
+    cfg = config(all_train=True)
+    cfg.shards = shards
+    manifest = run_etl(tmp_path / "in", tmp_path / "out", cfg, progress=False)
+    assert_reconciles(manifest)
+    assert manifest["quarantine_reasons"] == {}
+    assert [t["used"] for t in manifest["tables"].values()] == [2, 2]
+    assert manifest["patient_id_type"] == ("string" if layout == "text_ids" else "int64")
+    streams = token_streams(tmp_path / "out")
+    assert streams["1"]["tokens"] == streams["2"]["tokens"] == [S.CLS, "ICD10CM/I10", S.SEP]
+    assert (streams["1"]["ages"], streams["2"]["ages"]) == ([30.0014] * 3, [29.9986] * 3)  # 10958, 10957 days
+    tokens = pd.read_parquet(tmp_path / "out" / S.TOKENS_DIR).set_index(S.PATIENT_ID)
+    assert pd.Timestamp(tokens.loc["2", S.VISIT_DATES][0]) == pd.Timestamp("2000-01-01 09:00")
+
+
+def test_zoned_times_keep_their_local_day(tmp_path: Path) -> None:
+    """An event at 00:30 (UTC+2) on the day of birth is on that day, not the day before in UTC."""
+    times = zoned(["2020-03-01", "2020-03-01 00:30", "2020-05-05 01:00", "2020-05-05 23:00"], "+02:00")
+    codes = ["MEDS_BIRTH", "DIAGNOSIS//ICD//10//P073", "DIAGNOSIS//ICD//10//E11", "DIAGNOSIS//ICD//10//I10"]
+    write_file(tmp_path / "in", "0", [1] * 4, times, codes)
+    manifest = run_etl(tmp_path / "in", tmp_path / "out", config(all_train=True, visit_rule="same_day"), progress=False)
+    assert_reconciles(manifest)
+    assert manifest["quarantine_reasons"] == {}
+    assert token_streams(tmp_path / "out")["1"]["visit_index"] == [0, 0, 0, 1, 1, 1]
+
+
+def test_rows_without_a_code_are_quarantined_as_empty_code(tmp_path: Path) -> None:
+    """A null, empty or blank code is a bad row (``empty_code``), as in the other formats, not a filtered
+    one; the manifest still reconciles."""
+    codes = ["MEDS_BIRTH", "DIAGNOSIS//ICD//10//I10", None, "", "   ", "LAB//1//x"]
+    time = pa.array([dt.datetime(1980, 1, 1)] + [dt.datetime(2010, 1, 1)] * 5, pa.timestamp("us"))
+    write_file(tmp_path / "in", "0", [1] * 6, time, codes)
+    manifest = run_etl(tmp_path / "in", tmp_path / "out", config(), progress=False)
+    assert_reconciles(manifest)
+    table = manifest["tables"][f"{S.MEDS_DATA_DIR}/0.parquet"]
+    assert (table["rows"], table["used"], table["quarantined"], table["filtered"]) == (6, 2, 3, 1)
+    assert manifest["quarantine_reasons"] == {S.Reason.EMPTY_CODE: 3}
+    assert manifest["filtered_code_prefixes"] == {"LAB//": 1}
+    assert manifest["reader"]["meds.diagnosis_rows"] == 1
+    quarantine = pd.read_parquet(tmp_path / "out" / S.QUARANTINE_FILE)
+    assert quarantine[S.SOURCE_ROW].tolist() == [2, 3, 4]
+    assert set(quarantine[S.CODE]) == {""} and set(quarantine[S.PATIENT_ID]) == {"1"}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import pandas as pd
 
 from behrt_rope import schema as S
 from behrt_rope.etl.codes import factorize_text, pack_keys, repeated
+from behrt_rope.etl.raw import CODE_RAW
 from behrt_rope.schema import Reason
 
 OK = ""
@@ -260,10 +261,13 @@ def clean(patients: pd.DataFrame, events: pd.DataFrame) -> Cleaned:
 
 
 def quarantine_rows(frame: pd.DataFrame, reason: np.ndarray, time_col: str, code_col: str) -> pd.DataFrame:
-    """The rejected rows of ``frame`` in the quarantine layout (raw values as text)."""
+    """The rejected rows of ``frame`` in the quarantine layout (raw values as text); the code is the one
+    read (``CODE_RAW``) where the reader kept it apart from ``code_col``."""
     bad = np.flatnonzero(reason != OK)
     sub = frame.iloc[bad]
     n = len(bad)
+    if code_col and CODE_RAW in frame.columns:
+        code_col = CODE_RAW
     return pd.DataFrame(
         {
             S.SOURCE_TABLE: sub[S.SOURCE_TABLE].to_numpy(dtype=object),

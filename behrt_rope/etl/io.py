@@ -295,21 +295,21 @@ def text_array(array: pa.ChunkedArray | pa.Array) -> pd.api.extensions.Extension
 def parse_times(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """Parse ISO dates or datetimes into ``datetime64[us]``; what does not parse becomes NaT.
 
-    Timestamps with a time zone (or a UTC offset in the text) are converted to UTC and the zone dropped.
-    Impossible calendar dates are NaT, never rolled over into the next month. Each distinct text is
-    parsed once.
+    Times with a time zone (a UTC offset in the text, or a zoned timestamp) keep their local wall-clock
+    time and lose the zone, unconverted: birth dates are local dates, so an event's calendar day must be
+    its local day too. Impossible calendar dates are NaT, never rolled over into the next month. Each
+    distinct text is parsed once.
 
     >>> parse_times(pa.array(["2020-01-02", "2020-01-02T10:30:00", "2020-13-40", "2020-02-30", "", None])).tolist()
     [datetime.datetime(2020, 1, 2, 0, 0), datetime.datetime(2020, 1, 2, 10, 30), None, None, None, None]
-    >>> parse_times(pa.array(["2020-01-02T01:00:00+02:00"])).tolist()
-    [datetime.datetime(2020, 1, 1, 23, 0)]
+    >>> parse_times(pa.array(["2020-01-02T01:00:00+02:00", "2020-01-02T01:00:00-0500", "2020-01-02T01:00Z"])).tolist()
+    [datetime.datetime(2020, 1, 2, 1, 0), datetime.datetime(2020, 1, 2, 1, 0), datetime.datetime(2020, 1, 2, 1, 0)]
     """
     t = array.type
     if pa.types.is_timestamp(t) or pa.types.is_date(t):
-        # Arrow stores zoned timestamps as UTC instants: dropping the zone keeps UTC wall time.
         naive = pc.cast(array, pa.timestamp("us", t.tz if pa.types.is_timestamp(t) else None), safe=False)
         if pa.types.is_timestamp(t) and t.tz is not None:
-            naive = naive.cast(pa.int64()).cast(pa.timestamp("us"))
+            naive = pc.local_timestamp(naive)  # Arrow holds UTC instants: back to the zone's wall time
         return np.asarray(naive.to_numpy(zero_copy_only=False), dtype="datetime64[us]")
     if pa.types.is_null(t):
         return np.full(len(array), np.datetime64("NaT"), dtype="datetime64[us]")
@@ -326,14 +326,29 @@ def _parse_distinct(text: pa.Array) -> np.ndarray:
     out = np.asarray(pc.if_else(exact, fast, None).to_numpy(zero_copy_only=False), dtype="datetime64[us]")
     retry = np.isnat(out) & (pc.utf8_length(text).to_numpy(zero_copy_only=False) > 0)
     if retry.any():
+        local = without_offset(text.filter(pa.array(retry)))
         slow = pd.to_datetime(
-            pd.Series(np.asarray(text.to_numpy(zero_copy_only=False), dtype=object)[retry]),
+            pd.Series(np.asarray(local.to_numpy(zero_copy_only=False), dtype=object)),
             format="ISO8601",
             errors="coerce",
-            utc=True,
+            utc=True,  # only a zone the offset pattern does not know is left: read as UTC, never a crash
         )
         out[retry] = slow.dt.tz_localize(None).to_numpy(dtype="datetime64[us]")
     return out
+
+
+_OFFSET = r"^(.*[T ].*?\S)\s*(?:Z|[+-]\d{2}(?::?\d{2})?)$"  # date, time, then Z, +hh, +hhmm or +hh:mm
+
+
+def without_offset(text: pa.Array) -> pa.Array:
+    """ISO datetimes with their UTC offset cut off, unconverted (the local wall-clock time); dates, and
+    times without an offset, unchanged. Only a text with a time part (after ``T`` or a blank) loses its end.
+
+    >>> without_offset(pa.array(["2020-01-02T10:30:00+02:00", "2020-01-02 10:30 -0500", "2020-01-02T10Z",
+    ...                          "2020-01-02", "2020-01-02T10:30"])).to_pylist()
+    ['2020-01-02T10:30:00', '2020-01-02 10:30', '2020-01-02T10', '2020-01-02', '2020-01-02T10:30']
+    """
+    return pc.replace_substring_regex(text, pattern=_OFFSET, replacement=r"\1")
 
 
 def _distinct_text(array: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, np.ndarray]:

@@ -23,7 +23,8 @@ class RawTables:
     ``events``: PATIENT_ID (str, '' when missing), TIME (datetime64[us], NaT when unparseable), TIME_RAW,
     CODE (str, '' when empty), CODE_SYSTEM (str, '' for none), VISIT_ID (str, '' for none), SOURCE_TABLE,
     SOURCE_ROW; optionally REASON (str, '' for none): a quarantine reason the reader itself found
-    (``Reason.MISSING_BIRTH``, ``Reason.NO_MATCHING_CONCEPT``), applied by the cleaning step before its own checks.
+    (``Reason.MISSING_BIRTH``, ``Reason.NO_MATCHING_CONCEPT``), applied by the cleaning step before its own checks,
+    and CODE_RAW (str): the code as read, for the quarantine, where CODE was extracted from it (MEDS).
     Every input row of the shard is either one canonical row or counted in ``filtered`` (rows a format
     reads on purpose but does not use, such as non-diagnosis MEDS events), so that, per source table,
     ``rows_read = canonical rows + filtered``.
@@ -51,6 +52,7 @@ PATIENT_COLUMNS = (
     S.SOURCE_TABLE,
     S.SOURCE_ROW,
 )
+CODE_RAW = "code_raw"  # optional events column: the code as read, when CODE is only a part of it (MEDS)
 EVENT_COLUMNS = (
     S.PATIENT_ID,
     S.TIME,

@@ -46,7 +46,15 @@ from behrt_rope.errors import InputSchemaError
 from behrt_rope.etl import code_styles, io
 from behrt_rope.etl.code_styles import Style
 from behrt_rope.etl.config import EtlConfig, MedsConfig
-from behrt_rope.etl.raw import EVENT_COLUMNS, PATIENT_COLUMNS, RawTables, concat, events_frame, patients_frame
+from behrt_rope.etl.raw import (
+    CODE_RAW,
+    EVENT_COLUMNS,
+    PATIENT_COLUMNS,
+    RawTables,
+    concat,
+    events_frame,
+    patients_frame,
+)
 from behrt_rope.etl.readers import source
 from behrt_rope.etl.readers.source import Plan, ShardInput
 from behrt_rope.etl.split import shard_of
@@ -58,6 +66,7 @@ _KINDS = {S.MEDS_SUBJECT_ID: "id", S.MEDS_TIME: "time", S.MEDS_CODE: "code"}
 _LOOKUPS = ("admission", "discharge", "encounter")
 _VOCABULARY, _STYLE = "vocabulary", "style"
 _SEX_VALUE = "sex_value"
+_TIME_RAW = "time_raw"  # the time as read (text), beside the parsed time of a picked row
 id_text = io.to_text
 
 
@@ -259,13 +268,15 @@ def _pick(
     prefixes: Counter[str],
 ) -> int:
     """Set aside the rows the reader uses; count the prefixes of the rest; return how many become canonical
-    rows (births and diagnoses)."""
+    rows (births, diagnoses, and the rows without a code, which the cleaning step quarantines as
+    ``empty_code``; their style is -1)."""
     code = batch[S.MEDS_CODE]
     keys = batch.select([S.MEDS_SUBJECT_ID, S.MEDS_TIME, _ROW])
     birth = pc.fill_null(pc.equal(code, meds.birth_code), False)
     death = pc.fill_null(pc.equal(code, meds.death_code), False)
+    empty = pc.fill_null(pc.equal(code, ""), True).to_numpy()  # null or blank (codes arrive trimmed)
     matches = code_styles.match(code, styles, aliases)
-    diagnosis = pa.array((matches.style >= 0) & ~pc.or_(birth, death).to_numpy())
+    diagnosis = pa.array(((matches.style >= 0) | empty) & ~pc.or_(birth, death).to_numpy())
     picked["birth"].append(keys.filter(birth).append_column("file", _const(name, birth)))
     picked["death"].append(keys.filter(death))
     sex = _prefix_mask(code, meds.sex_prefixes)
@@ -275,6 +286,7 @@ def _pick(
     found = found.append_column(code_styles.CODE_GROUP, pa.array(matches.code[rows], pa.string()))
     found = found.append_column(_VOCABULARY, pa.array(matches.vocabulary[rows], pa.string()))
     found = found.append_column(_STYLE, pa.array(matches.style[rows]))
+    found = found.append_column(CODE_RAW, code.filter(diagnosis))
     picked["diagnosis"].append(found)
     for kind, mask in lookups.items():
         picked[kind].append(keys.filter(mask))
@@ -318,8 +330,35 @@ def _const(value: str, mask: pa.ChunkedArray) -> pa.Array:
 
 
 def _combine(tables: list[pa.Table]) -> pa.Table | None:
-    tables = [t for t in tables if t.num_rows]
-    return pa.concat_tables(tables, promote_options="permissive") if tables else None
+    """The picked tables of every batch joined, each first brought to one layout (:func:`_uniform`), since
+    files may type their columns differently; None when no table has a row."""
+    tables = [_uniform(t) for t in tables if t.num_rows]
+    return pa.concat_tables(tables) if tables else None
+
+
+def _uniform(table: pa.Table) -> pa.Table:
+    """A picked table with its subject ids as text, its times parsed (``timestamp[us]``, as
+    :func:`io.parse_times` reads them) and the time as read, as text, in ``_TIME_RAW``.
+
+    One file may hold integer ids and timestamps, the next text ids and ISO texts, a third zoned times:
+    each alone is read, so their rows must join too.
+
+    >>> a = pa.table({S.MEDS_SUBJECT_ID: [7], S.MEDS_TIME: pa.array([0], pa.timestamp("s", "UTC"))})
+    >>> b = pa.table({S.MEDS_SUBJECT_ID: ["x"], S.MEDS_TIME: ["1970-01-01T02:00:00+02:00"]})
+    >>> _combine([a, b]).to_pydict()
+    {'subject_id': ['7', 'x'], 'time': [datetime.datetime(1970, 1, 1, 0, 0), datetime.datetime(1970, 1, 1, 2, 0)], \
+'time_raw': ['1970-01-01 00:00:00Z', '1970-01-01T02:00:00+02:00']}
+    """
+    time = table[S.MEDS_TIME]
+    table = table.set_column(
+        table.schema.get_field_index(S.MEDS_TIME), S.MEDS_TIME, pa.array(io.parse_times(time), pa.timestamp("us"))
+    )
+    table = table.set_column(
+        table.schema.get_field_index(S.MEDS_SUBJECT_ID),
+        S.MEDS_SUBJECT_ID,
+        pa.array(io.text_array(table[S.MEDS_SUBJECT_ID]), pa.large_string()),
+    )
+    return table.append_column(_TIME_RAW, pa.array(io.text_array(time), pa.large_string()))
 
 
 def _patients(
@@ -352,7 +391,7 @@ def _patients(
             patients_frame(
                 ids[mine],
                 io.parse_times(births[S.MEDS_TIME])[mine],
-                io.to_text(births[S.MEDS_TIME])[mine],
+                io.to_text(births[_TIME_RAW])[mine],
                 death[mine],
                 death_raw[mine],
                 str(name),
@@ -374,10 +413,12 @@ def _diagnoses(
     max_invalid: float,
     input_dir: Path,
 ) -> pd.DataFrame:
-    """Canonical event rows of the diagnoses, with vocabulary, visit id and the missing_birth finding."""
+    """Canonical event rows of the diagnoses (and of the rows without a code), with vocabulary, visit id and
+    the missing_birth finding."""
     found = _combine(picked["diagnosis"])
-    notes["meds.diagnosis_rows"] = 0 if found is None else found.num_rows
-    style_counts = np.bincount(found[_STYLE].to_numpy(), minlength=len(styles)) if found is not None else None
+    matched = np.zeros(0, dtype=np.int64) if found is None else found[_STYLE].to_numpy()  # -1: no code
+    notes["meds.diagnosis_rows"] = int((matched >= 0).sum())
+    style_counts = np.bincount(matched[matched >= 0], minlength=len(styles)) if found is not None else None
     for i, style in enumerate(styles):
         notes[f"meds.code_pattern_rows.{style.entry}"] = 0 if style_counts is None else int(style_counts[i])
     if found is None:
@@ -386,7 +427,7 @@ def _diagnoses(
     time = io.parse_times(found[S.MEDS_TIME])
     code = io.to_text(found[code_styles.CODE_GROUP])
     vocabulary = io.to_text(found[_VOCABULARY])
-    for name, n in zip(*np.unique(vocabulary, return_counts=True)):
+    for name, n in zip(*np.unique(vocabulary[matched >= 0], return_counts=True)):
         notes[f"meds.diagnosis_rows.{name or 'no_vocabulary'}"] = int(n)
     if rule == "same_time":
         visit = np.where(np.isnat(time), "", np.datetime_as_string(time, unit="us")).astype(object)
@@ -401,15 +442,14 @@ def _diagnoses(
     notes["meds.subjects_with_diagnoses_without_birth"] = len(np.unique(ids[missing_birth]))
     reason = np.where(missing_birth, S.Reason.MISSING_BIRTH, "").astype(object)
     files = found["file"].to_numpy(zero_copy_only=False)
-    time_raw = io.to_text(found[S.MEDS_TIME])
+    time_raw = io.to_text(found[_TIME_RAW])
     rows = found[_ROW].to_numpy()
+    code_raw = io.to_text(found[CODE_RAW])
     frames = []
     for name in pd.unique(files):
         mine = files == name
-        if not pa.types.is_temporal(found[S.MEDS_TIME].type):
-            io.check_parse_rate(
-                input_dir / str(name), S.MEDS_TIME, found[S.MEDS_TIME].filter(pa.array(mine)), time[mine], max_invalid
-            )
+        raw = found[_TIME_RAW].filter(pa.array(mine))
+        io.check_parse_rate(input_dir / str(name), S.MEDS_TIME, raw, time[mine], max_invalid, rows[mine])
         frame = events_frame(
             ids[mine],
             time[mine],
@@ -420,6 +460,7 @@ def _diagnoses(
             str(name),
             rows[mine],
         )
+        frame[CODE_RAW] = code_raw[mine]
         frames.append(_with_reason(frame, reason[mine]))
     return pd.concat(frames, ignore_index=True)
 
