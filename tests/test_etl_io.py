@@ -42,6 +42,18 @@ def test_find_table_folder_of_parts_in_name_order(tmp_path: Path) -> None:
     assert io.find_table(tmp_path, "events") == [folder / "part-1.parquet", folder / "part-2.csv"]
 
 
+@pytest.mark.parametrize("second", ["events.parquet", "events/part-1.csv"])
+def test_a_table_given_twice_stops_naming_both(tmp_path: Path, second: str) -> None:
+    """``events.csv`` beside ``events.parquet`` (or a folder of parts): reading one would drop the other."""
+    (tmp_path / "events.csv").write_bytes(b"")
+    (tmp_path / second).parent.mkdir(exist_ok=True)
+    (tmp_path / second).write_bytes(b"")
+    with pytest.raises(InputSchemaError, match="'events' table is given 2 times") as err:
+        io.find_table(tmp_path, "events")
+    assert str(tmp_path / "events.csv") in str(err.value) and "keep one" in str(err.value)
+    assert str(tmp_path / second.split("/")[0]) in str(err.value).replace(str(tmp_path / "events.csv"), "")
+
+
 def test_missing_table_names_directory_and_what_was_looked_for(tmp_path: Path) -> None:
     with pytest.raises(InputSchemaError) as err:
         io.find_table(tmp_path, "patients")

@@ -25,20 +25,27 @@ CSV_NULLS = ("", "NA", "NULL", "null", "\\N")  # missing values as R, SQL export
 
 
 def find_table(input_dir: Path, name: str, required: bool = True) -> list[Path]:
-    """Files holding table ``name``: ``name.parquet``, ``name.csv(.gz)``, or a folder ``name/`` of parts.
+    """Files holding table ``name``: ``name.parquet``, ``name.csv(.gz)``, or a folder ``name/`` of parts. Two of
+    these side by side stop the run (which one is the table? reading one would silently drop the other).
 
     >>> find_table(Path("/nonexistent"), "events", required=False)
     []
     """
-    for suffix in TABLE_SUFFIXES:
-        path = input_dir / f"{name}{suffix}"
-        if path.is_file():
-            return [path]
+    sources = [
+        [input_dir / f"{name}{suffix}"] for suffix in TABLE_SUFFIXES if (input_dir / f"{name}{suffix}").is_file()
+    ]
     folder = input_dir / name
     if folder.is_dir():
         parts = sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(TABLE_SUFFIXES))
         if parts:
-            return parts
+            sources.append(parts)
+    if len(sources) > 1:
+        names = [str(files[0]) if len(files) == 1 else f"{folder}/ ({len(files)} files)" for files in sources]
+        raise InputSchemaError(
+            f"{input_dir}: the '{name}' table is given {len(sources)} times ({', '.join(names)}); keep one of them"
+        )
+    if sources:
+        return sources[0]
     if required:
         raise InputSchemaError(
             f"{input_dir}: no '{name}' table (looked for {name}.parquet, {name}.csv, {name}.csv.gz "
