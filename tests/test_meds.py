@@ -373,6 +373,18 @@ def test_zoned_times_keep_their_local_day(tmp_path: Path) -> None:
     assert token_streams(tmp_path / "out")["1"]["visit_index"] == [0, 0, 0, 1, 1, 1]
 
 
+def test_lower_case_codes_are_read_in_upper_case_and_codes_that_match_keep_their_tokens(tmp_path: Path) -> None:
+    """An export that lower-cases some codes loses no diagnosis; a code that matches as written is unchanged."""
+    codes = ["MEDS_BIRTH", "diagnosis//icd//10//e119", "DIAGNOSIS//ICD//10//I10", "ICD10CM/k21.9", "lab//1"]
+    time = pa.array([dt.datetime(1980, 1, 1)] + [dt.datetime(2010, 1, 1)] * 4, pa.timestamp("us"))
+    write_file(tmp_path / "in", "0", [1] * 5, time, codes)
+    manifest = run_etl(tmp_path / "in", tmp_path / "out", config(all_train=True), progress=False)
+    assert_reconciles(manifest)
+    assert manifest["reader"]["meds.diagnosis_rows"] == 3 and manifest["filtered_code_prefixes"] == {"lab//": 1}
+    vocabulary = set(pd.read_parquet(tmp_path / "out" / S.VOCAB_FILE)["token"])
+    assert {"ICD10CM/E119", "ICD10CM/I10", "ICD10CM/k219"} <= vocabulary  # ICD codes lose their dot
+
+
 def test_rows_without_a_code_are_quarantined_as_empty_code(tmp_path: Path) -> None:
     """A null, empty or blank code is a bad row (``empty_code``), as in the other formats, not a filtered
     one; the manifest still reconciles."""

@@ -130,17 +130,25 @@ class Matches:
 
 
 def match(codes: pa.ChunkedArray | pa.Array, styles: list[Style], aliases: dict[str, str]) -> Matches:
-    """Apply the styles to an Arrow string array, the first matching style per code.
+    """Apply the styles to an Arrow string array, the first matching style per code. A code that no style
+    matches as written is tried once more in upper case (``diagnosis//icd//10//e119`` reads as
+    ``DIAGNOSIS//ICD//10//E119``: some exports lower-case their codes), so codes that match as written keep
+    their tokens.
 
     The regular expressions run once per distinct code (an event table repeats a few thousand codes).
 
-    >>> m = match(pa.array(["SNOMED//1", "LAB//2", "DIAGNOSIS//ICD//9//250"]),
+    >>> m = match(pa.array(["SNOMED//1", "LAB//2", "DIAGNOSIS//ICD//9//250", "diagnosis//icd//10//e119"]),
     ...           parse_styles(list(DEFAULT_CODE_PATTERNS)), {})
     >>> m.style.tolist(), m.code.tolist(), m.vocabulary.tolist()
-    ([2, -1, 0], ['1', '', '250'], ['SNOMED', '', 'ICD9CM'])
+    ([2, -1, 0, 0], ['1', '', '250', 'E119'], ['SNOMED', '', 'ICD9CM', 'ICD10CM'])
     """
     distinct, index = _distinct(codes)
     found = _match_distinct(distinct, styles, aliases)
+    missed = np.flatnonzero(found.style < 0)
+    if len(missed):
+        again = _match_distinct(pc.utf8_upper(distinct.take(pa.array(missed))), styles, aliases)
+        for field in ("style", "code", "vocabulary"):
+            getattr(found, field)[missed] = getattr(again, field)
     return Matches(found.style[index], found.code[index], found.vocabulary[index])
 
 
