@@ -38,8 +38,9 @@ def presence_correlation(seqs: Sequences, label_token_ids: np.ndarray) -> np.nda
     share = np.diag(together).copy()
     covariance = together - np.outer(share, share)
     spread = np.sqrt(share * (1 - share))
+    scale = np.outer(spread, spread)
     with np.errstate(divide="ignore", invalid="ignore"):
-        correlation = np.where(np.outer(spread, spread) > 0, covariance / np.outer(spread, spread), 0.0)
+        correlation = np.where(scale > 0, covariance / scale, 0.0)
     np.fill_diagonal(correlation, 0.0)
     return correlation
 
