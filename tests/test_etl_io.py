@@ -186,6 +186,8 @@ def test_parse_times_formats() -> None:
                 "2020-13-01",
                 "2020-02-30",
                 "01/02/2020",
+                "2020",
+                "2020-01",
                 "",
                 None,
             ]
@@ -197,6 +199,8 @@ def test_parse_times_formats() -> None:
         "2020-01-02T10:30",
         "2020-01-02T10:30",
         "2020-01-02T10:30:00.250",
+        "NaT",
+        "NaT",
         "NaT",
         "NaT",
         "NaT",
@@ -339,6 +343,19 @@ def test_a_few_bad_dates_are_quarantined_not_fatal(tmp_path: Path) -> None:
     )
     out = etl(write_visits(tmp_path / "in", pd.DataFrame(PATIENTS), events), tmp_path / "out")
     assert out.reasons() == {2: S.Reason.UNPARSEABLE_DATE}
+
+
+def test_partial_dates_are_quarantined_not_read_as_their_first_day(tmp_path: Path) -> None:
+    """pandas reads '2010' as 2010-01-01 and '2010-06' as 2010-06-01: a day the input never gave."""
+    events = pd.DataFrame(
+        {
+            "patient_id": ["p1"] * 4,
+            "date": ["2010-01-01", "2010", "2010-06", "2010-06-15"],
+            "code": ["I10", "E11", "J45", "I10"],
+        }
+    )
+    out = etl(write_visits(tmp_path / "in", pd.DataFrame(PATIENTS), events), tmp_path / "out")
+    assert out.reasons() == {1: S.Reason.UNPARSEABLE_DATE, 2: S.Reason.UNPARSEABLE_DATE}
 
 
 def test_ragged_csv_row_is_a_user_error_naming_the_file(tmp_path: Path) -> None:

@@ -268,6 +268,19 @@ def test_code_systems_stay_apart(etl_run: Run) -> None:
     assert out.token_strings("p1") == ["[CLS]", "4019", "ICD9/4019", "[SEP]"]
 
 
+def test_one_code_system_spelt_three_ways_is_one_vocabulary(etl_run: Run) -> None:
+    events = [
+        {**ev("2010-01-01", "4019"), "code_system": "ICD-9-CM"},
+        {**ev("2010-02-01", "4019"), "code_system": " icd9cm "},
+        {**ev("2010-03-01", "4019"), "code_system": "ICD9CM"},
+        {**ev("2010-04-01", "4019"), "code_system": "ICD10CM"},
+    ]
+    out = etl_run(P1, events, split=ALL_TRAIN)
+    assert out.token_strings("p1") == [
+        "[CLS]", "ICD9CM/4019", "[SEP]", "ICD9CM/4019", "[SEP]", "ICD9CM/4019", "[SEP]", "ICD10CM/4019", "[SEP]",
+    ]  # fmt: skip
+
+
 def test_normalise_code() -> None:
     assert normalise_code("E11.9", "", 3, False) == "E11"
     assert normalise_code("E11.9", "", None, True) == "E119"

@@ -304,11 +304,13 @@ def parse_times(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
     Times with a time zone (a UTC offset in the text, or a zoned timestamp) keep their local wall-clock
     time and lose the zone, unconverted: birth dates are local dates, so an event's calendar day must be
-    its local day too. Impossible calendar dates are NaT, never rolled over into the next month. Each
-    distinct text is parsed once.
+    its local day too. Impossible calendar dates are NaT, never rolled over into the next month, and so are
+    partial dates (a year, or a year and month): no day is invented for them. Each distinct text is parsed once.
 
     >>> parse_times(pa.array(["2020-01-02", "2020-01-02T10:30:00", "2020-13-40", "2020-02-30", "", None])).tolist()
     [datetime.datetime(2020, 1, 2, 0, 0), datetime.datetime(2020, 1, 2, 10, 30), None, None, None, None]
+    >>> parse_times(pa.array(["2002", "2002-04", " 2002-4 ", "20020415"])).tolist()
+    [None, None, None, datetime.datetime(2002, 4, 15, 0, 0)]
     >>> parse_times(pa.array(["2020-01-02T01:00:00+02:00", "2020-01-02T01:00:00-0500", "2020-01-02T01:00Z"])).tolist()
     [datetime.datetime(2020, 1, 2, 1, 0), datetime.datetime(2020, 1, 2, 1, 0), datetime.datetime(2020, 1, 2, 1, 0)]
     """
@@ -340,8 +342,12 @@ def _parse_distinct(text: pa.Array) -> np.ndarray:
             errors="coerce",
             utc=True,  # only a zone the offset pattern does not know is left: read as UTC, never a crash
         )
-        out[retry] = slow.dt.tz_localize(None).to_numpy(dtype="datetime64[us]")
+        partial = pc.match_substring_regex(local, _PARTIAL).to_numpy(zero_copy_only=False)
+        out[retry] = np.where(partial, np.datetime64("NaT"), slow.dt.tz_localize(None).to_numpy(dtype="datetime64[us]"))
     return out
+
+
+_PARTIAL = r"^[+-]?\d{4}(?:-\d{1,2})?$"  # a year, or a year and month, which pandas reads as their first day
 
 
 _OFFSET = r"^(.*[T ].*?\S)\s*(?:Z|[+-]\d{2}(?::?\d{2})?)$"  # date, time, then Z, +hh, +hhmm or +hh:mm

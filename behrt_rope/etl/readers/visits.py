@@ -1,13 +1,17 @@
 """Reader of the visits format: a ``patients`` and an ``events`` table (CSV or Parquet, SPEC).
 
 ``plan`` checks the files' schemas; ``build`` turns one patient shard's rows (however they were read) into
-canonical tables; ``read`` does both for the local engine.
+canonical tables; ``read`` does both for the local engine. A ``code_system`` is read by its letters and digits,
+in upper case (:func:`system_name`), so that one vocabulary spelt three ways is one vocabulary.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import pandas as pd
 
 from behrt_rope import schema as S
 from behrt_rope.etl import io
@@ -97,6 +101,8 @@ def _events(chunk: Chunk, config: EtlConfig) -> Any:
     time = io.parse_times(batch[S.DATE])
     io.check_parse_rate(path, S.DATE, batch[S.DATE], time, config.max_invalid_fraction, chunk.rows)
     optional = {c: io.text_array(batch[c]) for c in (S.CODE_SYSTEM, S.VISIT_ID) if c in batch.column_names}
+    if S.CODE_SYSTEM in optional:
+        optional[S.CODE_SYSTEM] = system_name(optional[S.CODE_SYSTEM])
     return events_frame(
         io.text_array(batch[S.PATIENT_ID]),
         time,
@@ -109,4 +115,15 @@ def _events(chunk: Chunk, config: EtlConfig) -> Any:
     )
 
 
-__all__ = ["build", "plan", "read"]
+def system_name(text: pd.api.extensions.ExtensionArray) -> pd.api.extensions.ExtensionArray:
+    """Code systems by their letters and digits, in upper case: blanks, dots, hyphens and underscores dropped.
+
+    >>> list(system_name(pd.array(["ICD-10-CM", "icd10cm", "ICD10CM", "Icd 9 cm", "", "read_v2"], dtype="str")))
+    ['ICD10CM', 'ICD10CM', 'ICD10CM', 'ICD9CM', '', 'READV2']
+    """
+    index, uniques = pd.factorize(np.asarray(text, dtype=object))
+    named = pd.Series(uniques, dtype="str").str.upper().str.replace(r"[\s._-]+", "", regex=True)
+    return pd.array(named.to_numpy(dtype=object)[index] if len(index) else [], dtype="str")
+
+
+__all__ = ["build", "plan", "read", "system_name"]
