@@ -1,7 +1,7 @@
 """The hidden-state filter's step cost: its transition table against a matrix exponential at every visit.
 
     python benchmarks/state_filter_speed.py [--patients 32] [--visits 30] [--codes 3] [--labels 64]
-                                            [--states 4] [--repeat 5] [--threads 1]
+                                            [--states 4] [--chains 45] [--repeat 5] [--threads 1]
 
 Builds a random batch (``--patients`` rows of ``--visits`` visits with ``--codes`` codes each, gaps of 0.5
 years plus up to 10 years of age spread) and times one forward and backward pass of
@@ -16,8 +16,11 @@ The two are different functions (the table interpolates between its grid points)
 compared; the test suite checks the table against a written-out filter. Then, what the filter adds to a
 fine-tuning step: forward + backward of the deep part of :class:`behrt_rope.model.heads.BehrtForMultiLabel`
 with the DEFAULT :class:`~behrt_rope.model.config.ModelConfig` against the same with ``state_filter =
---states``, scored at every visit. Prints one JSON object: best-of-``--repeat`` seconds of each, the
-speed-up of the table and the share the filter adds to a model step.
+--states``, scored at every visit. And what sharing chains saves (the state path's default since session 52):
+labels that share chains (``--chains`` chains for ``--labels`` labels, 45 for 64 as on a progression draw) run
+only the chains some label reads, against the session-51 filter that ran a chain per label whatever it shared.
+Prints one JSON object: best-of-``--repeat`` seconds of each, the speed-ups and the share the filter adds to a
+model step.
 """
 
 from __future__ import annotations
@@ -89,6 +92,23 @@ def model_step_seconds(states: int, batch: dict[str, torch.Tensor], vocab: int, 
     return min(times[1:])
 
 
+def shared_chain_seconds(args: argparse.Namespace, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Forward + backward seconds of ``--labels`` labels on ``--chains`` chains: every chain run (a chain per
+    label, the session-51 filter's cost) against only the chains read."""
+    chain_of_label = torch.arange(args.labels) % args.chains  # labels beyond --chains share the first chains
+    seconds = {}
+    for name, drop_unread in (("chain_per_label_s", False), ("chains_read_s", True)):
+        torch.manual_seed(0)
+        module = HiddenStateFilter(args.vocab, args.labels, args.states)
+        if drop_unread:
+            module.share_chains(chain_of_label)
+        else:
+            module.chain_of_label.copy_(chain_of_label)  # the labels share, every chain still runs
+        seconds[name] = round(best_seconds(module, batch, args.repeat, backward=True), 4)
+    seconds["speed_up"] = round(seconds["chain_per_label_s"] / seconds["chains_read_s"], 2)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--patients", type=int, default=32)
@@ -96,6 +116,7 @@ def main() -> None:
     parser.add_argument("--codes", type=int, default=3)
     parser.add_argument("--labels", type=int, default=64)
     parser.add_argument("--states", type=int, default=4)
+    parser.add_argument("--chains", type=int, default=45)
     parser.add_argument("--vocab", type=int, default=80)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
@@ -113,6 +134,7 @@ def main() -> None:
     ours, baseline = result["table"], result["per_visit_matrix_exp"]
     assert isinstance(ours, dict) and isinstance(baseline, dict)
     result["speed_up_forward_backward"] = round(baseline["forward_backward_s"] / ours["forward_backward_s"], 2)
+    result["shared_chains"] = shared_chain_seconds(args, batch)
     if args.vocab - N_SPECIAL >= args.labels:
         plain = model_step_seconds(0, batch, args.vocab, args.labels, args.repeat)
         with_filter = model_step_seconds(args.states, batch, args.vocab, args.labels, args.repeat)

@@ -99,7 +99,29 @@ def test_a_label_on_a_shared_chain_reads_that_chain_s_states_with_its_own_emissi
     torch.testing.assert_close(out[:, 0], own[:, 0])  # label 0 reads its own chain as before
     assert not torch.allclose(out[:, 1], own[:, 1])
     with pytest.raises(ValueError, match="chain_of_label"):
-        shared.share_chains(torch.tensor([0, 2]))
+        shared.share_chains(torch.tensor([0, 2]))  # no label 2
+
+
+def test_chains_no_label_reads_are_dropped_and_the_rest_keep_their_parameters():
+    torch.manual_seed(0)
+    f = HiddenStateFilter(VOCAB, num_labels=3, num_states=3)
+    before = {name: p.detach().clone() for name, p in f.named_parameters()}
+    where = _stream()
+    f.share_chains(torch.tensor([0, 2, 2]))  # labels 1 and 2 read label 2's chain: chain 1 is read by none
+    assert f.num_chains == 2 and f.chain_of_label.tolist() == [0, 1, 1]
+    for name in ("rate", "rate_age", "rate_sex", "prior", "visit_evidence"):
+        torch.testing.assert_close(getattr(f, name), before[name][[0, 2]])
+    torch.testing.assert_close(f.evidence, before["evidence"].view(VOCAB, 3, 3)[:, [0, 2]].reshape(VOCAB, 6))
+    torch.testing.assert_close(f.emission, before["emission"])  # per label, untouched
+    f.share_chains(torch.tensor([0, 1, 2]))  # each label reads the chain it reads now: nothing changes
+    assert f.num_chains == 2 and f.chain_of_label.tolist() == [0, 1, 1]
+    f.share_chains(torch.tensor([0, 0, 0]))  # every label reads label 0's chain
+    assert f.num_chains == 1 and f.chain_of_label.tolist() == [0, 0, 0]
+    torch.testing.assert_close(f.rate, before["rate"][[0]])
+    loaded = HiddenStateFilter(VOCAB, num_labels=3, num_states=3)  # as a bundle is: built per label, then loaded
+    loaded.load_state_dict(f.state_dict())
+    assert loaded.num_chains == 1
+    torch.testing.assert_close(loaded(*where), f(*where))
 
 
 def test_a_filter_saved_before_shared_chains_loads_with_each_label_on_its_own():

@@ -29,7 +29,7 @@ gradient descent with the rest of the head; nothing is computed outside the mode
 ``K`` is a capacity, not a claim about any disease.
 
 Shapes: ``B`` patients, ``T`` tokens, ``V`` visits (the largest visit index + 1), ``N`` scored positions,
-``L`` labels, ``K`` states, ``C`` the vocabulary.
+``L`` labels, ``G`` chains (``L`` unless labels share them), ``K`` states, ``C`` the vocabulary.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class HiddenStateFilter(nn.Module):
             raise ValueError(f"a hidden-state filter needs at least 2 states, got {num_states}")
         L, K = num_labels, num_states
         self.vocab_size, self.num_labels, self.num_states = vocab_size, L, K
+        self.num_chains = L  # until labels share chains (share_chains)
         moves = K * (K - 1)
         # Symmetry breaking: chains start a little apart, so their states can take different roles.
         self.rate = nn.Parameter(INITIAL_RATE + 0.1 * torch.randn(L, moves))
@@ -90,7 +91,7 @@ class HiddenStateFilter(nn.Module):
         self.register_buffer("move_from", off_diagonal[:, 0].clone(), persistent=False)
         self.register_buffer("move_to", off_diagonal[:, 1].clone(), persistent=False)
         self.register_buffer("chain_of_label", torch.arange(L))
-        self._register_load_state_dict_pre_hook(_own_chains)
+        self._register_load_state_dict_pre_hook(self._saved_chains)
 
     def forward(
         self,
@@ -106,17 +107,17 @@ class HiddenStateFilter(nn.Module):
             at_visit = visit_ages(token_ids, visit_index, ages)  # (B, V)
             sex_ids = sex[:, 0] if sex is not None else torch.zeros_like(token_ids[:, 0])
             female, male = (sex_ids == FEMALE).float(), (sex_ids == MALE).float()  # (B,)
-            evidence = self._visit_evidence(token_ids, visit_index, at_visit.shape[1])  # (B, V, L, K)
+            evidence = self._visit_evidence(token_ids, visit_index, at_visit.shape[1])  # (B, V, G, K)
             scored_rows, scored_cols = score_at.nonzero(as_tuple=True)
             scored_visits = visit_index[scored_rows, scored_cols]  # (N,)
             last = int(scored_visits.max()) + 1 if len(scored_visits) else 0
             emission = torch.sigmoid(self.emission)  # (L, K)
-            state = self._first_state(at_visit[:, 0], female, male)  # (B, L, K)
+            state = self._first_state(at_visit[:, 0], female, male)  # (B, G, K)
             # unbound once: a slice per visit would cost a whole-tensor gradient per visit in the backward
-            moves = self._transitions(at_visit[:, :last], female).unbind(1)  # last - 1 x (B, L, K, K)
+            moves = self._transitions(at_visit[:, :last], female).unbind(1)  # last - 1 x (B, G, K, K)
             # Reweighing by exp(evidence), scaled per (visit, label) so that its largest factor is 1: the same
             # as a softmax of log(state) + evidence, without a log, exp and softmax at every visit.
-            weigh = torch.exp(evidence - evidence.amax(-1, keepdim=True))[:, :last].unbind(1)  # last x (B, L, K)
+            weigh = torch.exp(evidence - evidence.amax(-1, keepdim=True))[:, :last].unbind(1)  # last x (B, G, K)
             chances = []
             for t in range(last):
                 if t > 0:
@@ -131,53 +132,81 @@ class HiddenStateFilter(nn.Module):
             return torch.log(chance) - torch.log1p(-chance)
 
     def share_chains(self, chain_of_label: torch.Tensor) -> None:
-        """Let labels share chains: label ``l`` reads chain ``chain_of_label[l]`` ``(L,)`` (each with its own
-        emission chances of the shared states). A chain no label reads still runs, untrained and unread."""
-        chain_of_label = torch.as_tensor(chain_of_label, dtype=torch.long)
+        """Let labels share chains: label ``l`` reads from now on the chain that label ``chain_of_label[l]``
+        ``(L,)`` reads now (each label keeps its own emission chances of the shared states). Chains no label reads
+        any more are dropped (they would run unread) and the others keep their parameters, renumbered in order:
+        call it before training. Labels name the chains, so sharing by the same pairs again changes nothing."""
+        chain_of_label = torch.as_tensor(chain_of_label, dtype=torch.long, device=self.chain_of_label.device)
         if chain_of_label.shape != (self.num_labels,) or not (
             (chain_of_label >= 0).all() and (chain_of_label < self.num_labels).all()
         ):
-            raise ValueError(f"chain_of_label must hold {self.num_labels} chain numbers in [0, {self.num_labels})")
-        self.chain_of_label.copy_(chain_of_label)
+            raise ValueError(f"chain_of_label must hold {self.num_labels} label numbers in [0, {self.num_labels})")
+        kept, renumbered = torch.unique(self.chain_of_label[chain_of_label], return_inverse=True)
+        self._keep_chains(kept)
+        self.chain_of_label.copy_(renumbered)
+
+    def _keep_chains(self, kept: torch.Tensor) -> None:
+        """Keep only chains ``kept`` ``(G,)`` (ascending chain numbers): every per-chain parameter is cut to them."""
+        C, K = self.vocab_size, self.num_states
+        for name in _CHAIN_PARAMETERS:
+            value = getattr(self, name)
+            cut = value.view(C, self.num_chains, K)[:, kept].reshape(C, -1) if name == "evidence" else value[kept]
+            setattr(self, name, nn.Parameter(cut.detach().clone(), requires_grad=value.requires_grad))
+        self.num_chains = len(kept)
+
+    def _saved_chains(self, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+        """Load a filter whatever its chains: one saved with shared chains has fewer chains than labels; one saved
+        before chains could be shared (session 51) has no ``chain_of_label``: each label its own."""
+        rate = state_dict.get(prefix + "rate")
+        if rate is not None and len(rate) != self.num_chains:  # sized as saved; the values are loaded next
+            for name in _CHAIN_PARAMETERS:
+                value = getattr(self, name)
+                saved = state_dict[prefix + name]
+                setattr(self, name, nn.Parameter(value.new_empty(saved.shape), requires_grad=value.requires_grad))
+            self.num_chains = len(rate)
+        emission = state_dict.get(prefix + "emission")
+        if prefix + "chain_of_label" not in state_dict and emission is not None:
+            state_dict[prefix + "chain_of_label"] = torch.arange(emission.shape[0])
 
     def generator(self, age: torch.Tensor, female: torch.Tensor) -> torch.Tensor:
-        """``(B,)`` ages in years and female flags -> ``(B, L, K, K)`` rate matrices per year (rows sum to 0)."""
+        """``(B,)`` ages in years and female flags -> ``(B, G, K, K)`` rate matrices per year (rows sum to 0) of
+        the ``G`` chains."""
         a = ((age - AGE_CENTRE) / AGE_SCALE)[:, None, None]  # (B, 1, 1)
         rates = F.softplus(self.rate + self.rate_age * a + self.rate_sex * female[:, None, None])  # (B, L, moves)
-        q = rates.new_zeros(len(age), self.num_labels, self.num_states, self.num_states)
+        q = rates.new_zeros(len(age), self.num_chains, self.num_states, self.num_states)
         q[:, :, self.move_from, self.move_to] = rates
         return q - torch.diag_embed(q.sum(-1))
 
     def _first_state(self, age: torch.Tensor, female: torch.Tensor, male: torch.Tensor) -> torch.Tensor:
-        """``(B, L, K)`` state distribution before the first visit's evidence."""
+        """``(B, G, K)`` state distribution of each chain before the first visit's evidence."""
         a = (age - AGE_CENTRE) / AGE_SCALE
         features = torch.stack([torch.ones_like(a), a, a * a, female, male], dim=-1)  # (B, 5)
         return torch.softmax(torch.einsum("lkf,bf->blk", self.prior, features), dim=-1)
 
     def transition_table(self) -> torch.Tensor:
-        """``(2, A, G, L, K, K)``: the transition matrix of every chain at each grid point of (female, age,
+        """``(2, A, P, G, K, K)``: the transition matrix of every chain at each grid point of (female, age,
         gap): the identity at gap 0, ``expm(Q_l(age, sex) g0)`` at the smallest gap and its repeated squares
         (``P(2 g) = P(g)^2``, exact) above, so one small batched matrix exponential per forward pass."""
         female = torch.tensor([0.0, 1.0], device=self.rate.device)
         ages = torch.tensor(AGE_GRID, device=self.rate.device)
         female, ages = (grid.reshape(-1) for grid in torch.meshgrid(female, ages, indexing="ij"))  # (2 A,)
-        step = torch.linalg.matrix_exp(self.generator(ages, female) * SMALLEST_GAP)  # (2 A, L, K, K)
+        step = torch.linalg.matrix_exp(self.generator(ages, female) * SMALLEST_GAP)  # (2 A, G, K, K)
         powers = [torch.eye(self.num_states, device=step.device).expand_as(step), step]
         for _ in range(GAP_POINTS - 2):
             square = powers[-1] @ powers[-1]
             powers.append(square / square.sum(-1, keepdim=True))  # float32 rounding would drift off 1
-        table = torch.stack(powers, dim=1)  # (2 A, G, L, K, K)
-        return table.view(2, len(AGE_GRID), GAP_POINTS, self.num_labels, self.num_states, self.num_states)
+        table = torch.stack(powers, dim=1)  # (2 A, P, G, K, K)
+        return table.view(2, len(AGE_GRID), GAP_POINTS, self.num_chains, self.num_states, self.num_states)
 
     def _transitions(self, at_visit: torch.Tensor, female: torch.Tensor) -> torch.Tensor:
-        """``(B, V)`` ages at each visit in years and ``(B,)`` female flags -> ``(B, V - 1, L, K, K)``: the
+        """``(B, V)`` ages at each visit in years and ``(B,)`` female flags -> ``(B, V - 1, G, K, K)``: the
         transition matrix from each visit to the next, at the rates of the earlier visit's age. Each is read
         off :meth:`transition_table` bilinearly in age and in the gap's grid position (:func:`_gap_position`),
         all visits in one weighted gather (``embedding_bag``: four table rows and their weights per move); a
         convex mix of transition matrices is one too."""
         B, V = at_visit.shape
-        L, K = self.num_labels, self.num_states
-        table = self.transition_table().reshape(-1, L * K * K)  # (2 A G, L K K)
+        G, K = self.num_chains, self.num_states
+        table = self.transition_table().reshape(-1, G * K * K)  # (2 A P, G K K)
         age, gap = at_visit[:, :-1], (at_visit[:, 1:] - at_visit[:, :-1]).clamp(min=0.0)  # (B, V - 1) years
         a = (age / AGE_STEP).clamp(0.0, len(AGE_GRID) - 1.0)
         u = _gap_position(gap)
@@ -187,25 +216,22 @@ class HiddenStateFilter(nn.Module):
         rows = torch.stack([corner, corner + 1, corner + GAP_POINTS, corner + GAP_POINTS + 1], dim=-1)
         weights = torch.stack([(1 - wa) * (1 - wu), (1 - wa) * wu, wa * (1 - wu), wa * wu], dim=-1)
         moves = F.embedding_bag(rows.reshape(-1, 4), table, per_sample_weights=weights.reshape(-1, 4), mode="sum")
-        return moves.view(B, V - 1, L, K, K)
+        return moves.view(B, V - 1, G, K, K)
 
     def _visit_evidence(self, token_ids: torch.Tensor, visit_index: torch.Tensor, visits: int) -> torch.Tensor:
-        """``(B, V, L, K)``: each visit's log-potentials, from its distinct codes (special tokens and padding
-        carry none) plus the per-visit bias."""
+        """``(B, V, G, K)``: each visit's log-potentials on each chain, from its distinct codes (special tokens
+        and padding carry none) plus the per-visit bias."""
         B = len(token_ids)
         codes = token_ids >= N_SPECIAL  # (B, T)
         recorded = torch.zeros(B, visits, self.vocab_size, device=token_ids.device)
         rows = torch.arange(B, device=token_ids.device)[:, None].expand_as(token_ids)
         recorded[rows[codes], visit_index[codes], token_ids[codes]] = 1.0  # a code counts once per visit
-        evidence = (recorded @ self.evidence).view(B, visits, self.num_labels, self.num_states)
+        evidence = (recorded @ self.evidence).view(B, visits, self.num_chains, self.num_states)
         return evidence + self.visit_evidence
 
 
-def _own_chains(state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
-    """A filter saved before chains could be shared (session 51) has no ``chain_of_label``: each label its own."""
-    emission = state_dict.get(prefix + "emission")
-    if prefix + "chain_of_label" not in state_dict and emission is not None:
-        state_dict[prefix + "chain_of_label"] = torch.arange(emission.shape[0])
+_CHAIN_PARAMETERS = ("rate", "rate_age", "rate_sex", "prior", "evidence", "visit_evidence")
+"""Parameters with one entry per chain (``evidence``: a ``K``-column block per chain); ``emission`` is per label."""
 
 
 def _gap_position(gap: torch.Tensor) -> torch.Tensor:

@@ -84,7 +84,7 @@ class StatePath(SharedPath):
 
     def share_chains(self, chain_of_label: torch.Tensor) -> None:
         """Let labels share chains in every set (:meth:`HiddenStateFilter.share_chains`); ``chain_of_label``
-        ``(L,)``: the chain each label reads."""
+        ``(L,)``: the label whose chain each label reads. Chains no label reads are dropped."""
         for chains in self.chains:
             cast(HiddenStateFilter, chains).share_chains(chain_of_label)
 
@@ -94,12 +94,11 @@ class StatePath(SharedPath):
         of any size: the loss is a mean over labels). A chain shared by several labels reads all their codes
         free."""
         chains = cast(HiddenStateFilter, self.chains[copy])
-        L, K = chains.num_labels, chains.num_states
-        weight = chains.evidence.view(chains.vocab_size, L, K).abs().sum(-1)  # (C, L)
+        weight = chains.evidence.view(chains.vocab_size, chains.num_chains, chains.num_states).abs().sum(-1)  # (C, G)
         own = self.label_token_ids
         known = own >= 0
         own_total = weight[own[known], chains.chain_of_label[known]].sum()
-        return (weight.sum() - own_total) / L
+        return (weight.sum() - own_total) / chains.num_labels
 
 
 def _one_set_bundles(state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
