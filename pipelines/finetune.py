@@ -14,6 +14,7 @@ from typing import Any, Literal
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from scipy.special import expit
 
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
@@ -46,7 +47,6 @@ from behrt_rope.training.distillation_choice import (
     WeightChoice,
     candidate_weights,
     choose_weight,
-    deep_and_path_tuning_probs,
     deep_tuning_probs,
     path_leads,
     room_for_another,
@@ -54,9 +54,10 @@ from behrt_rope.training.distillation_choice import (
 from behrt_rope.training.loaders import SplitData, make_loader, padding_report
 from behrt_rope.training.soup import TopChecksSoup
 from behrt_rope.training.sparse_time_fit import fit_path, set_path_share
-from behrt_rope.training.state_path_fit import CROSS_EVIDENCE_L1, fit_state_path
+from behrt_rope.training.state_path_fit import CROSS_EVIDENCE_L1, fit_state_path, set_state_path_share
 from behrt_rope.training.state_path_fit import MAX_EPOCHS as STATE_PATH_EPOCHS
 from behrt_rope.training.tasks import MultiLabelTask
+from behrt_rope.training.teacher import Teacher, choose_teacher
 from behrt_rope.training.trainer import budget_left, build_trainer, resume_path, time_budget
 
 log = logging.getLogger("behrt_rope.finetune")
@@ -126,6 +127,12 @@ class Config:
     """With model.state_path, its weight in the model's logit; null: 0 unless a share of
     ``training.state_path_fit.SHARE_GRID`` is clearly better on the tuning split (the lower end of its paired
     90% bootstrap interval over the tuning patients above 0; the largest such gain), ``training.clear_gain``."""
+    state_path_teacher: bool = True
+    """With model.state_path and the sparse time path: the chains are fitted right after the first training of
+    the deep part and join the distillation teacher of any further one, ``(1 - t) x sparse time path + t x state
+    path`` in logits, ``t`` 0 unless a share is clearly better on the tuning split (``training.teacher``;
+    ``metrics.json`` ``distillation_teacher``). False: the sparse time path alone teaches. Either way the
+    chains' own share of the model's logit is set once the deep part is final."""
     state_path_max_epochs: int = STATE_PATH_EPOCHS
     """With model.state_path, its fit's epochs at most (it stops earlier when its tuning macro AP has not
     improved for 4 epochs, or when the next epoch would overrun ``trainer.max_minutes``)."""
@@ -236,28 +243,18 @@ def run(config: Config) -> Path:
         has_path = task.model.sparse_time is not None
         weights = candidate_weights(config.sparse_time_distillation, has_path, len(tuning.y) > 0)
         task.path_distillation = weights[0]  # the first run's weight; each further one gets a task of its own
-        runs, lead = _train_candidates(config, weights, new_task, task, out, train, tuning, stage_started)
+        runs, lead, chains = _train_candidates(config, weights, new_task, task, out, train, tuning, stage_started)
         chosen, choice_report = _choose_run(runs, weights, tuning, lead)
         task, trainer = chosen.task, chosen.trainer
         val_loader = chosen.val_loader
         shares = {}
+        device = trainer.strategy.root_device
         if task.model.sparse_time is not None:
-            share, device = config.sparse_time_share, trainer.strategy.root_device
-            shares = set_path_share(task.model, tuning.seqs, tuning.samples, tuning.y, share, device)
-        if task.model.state_path is not None:
-            shares["state_path"] = fit_state_path(
-                task.model,
-                train,
-                tuning,
-                budget_left(tc, stage_started),
-                config.state_path_l1,
-                config.state_path_share,
-                config.state_path_max_epochs,
-                tc.seed,
-                tc.progress_bar,
-                trainer.strategy.root_device,
-                config.state_path_pair_correlation,
-            )
+            shares = set_path_share(task.model, tuning.seqs, tuning.samples, tuning.y, config.sparse_time_share, device)
+        if chains is not None:
+            shares["state_path"] = chains
+            if chains.get("fitted"):
+                shares["state_path"].update(set_state_path_share(task.model, tuning, config.state_path_share, device))
         # every rank validates (a collective under DDP); only rank 0 writes
         val = trainer.validate(task, val_loader, verbose=False)[0] if val_loader is not None else {}
         if trainer.is_global_zero:
@@ -324,15 +321,27 @@ def _train_candidates(
     train: SplitData,
     tuning: SplitData,
     stage_started: float,
-) -> tuple[list[DeepRun], PathLead | None]:
+) -> tuple[list[DeepRun], PathLead | None, dict[str, Any] | None]:
     """Train the deep part once per distillation weight (``training.distillation_choice``): the first in
     ``out`` from ``first`` (encoder and path loaded), each further one in ``out/distillation_W`` from the same
-    start and seed, when the first training's deep part trails the path on the tuning split (the
+    start and seed, when the first training's deep part trails the teacher on the tuning split (the
     :class:`PathLead`, also returned; None with one weight) and what is left of the time budget is at least as
-    long as the first run took."""
+    long as the first run took. The state path's chains are fitted right after the first training (their
+    report is returned, None without a state path; their share is left at 0) and, with
+    ``state_path_teacher``, join the teacher (:mod:`~behrt_rope.training.teacher`)."""
     start = {k: v.detach().clone() for k, v in first.state_dict().items()}
     runs = [_train_deep(config, first, new_task, out, train, tuning, stage_started, config.resume)]
-    lead = _path_lead(runs[0], tuning) if len(weights) > 1 else None
+    chains = _fit_chains(config, runs[0], train, tuning, stage_started)
+    model, device = runs[0].task.model, runs[0].trainer.strategy.root_device
+    if chains is not None and chains.get("fitted"):  # later runs start from the fitted chains
+        start.update({k: v.detach().clone() for k, v in runs[0].task.state_dict().items() if ".state_path." in k})
+    teacher = None
+    if len(weights) > 1:
+        with_states = config.state_path_teacher and chains is not None and bool(chains.get("fitted"))
+        teacher = choose_teacher(model, tuning, device, with_states)
+        if chains is not None:
+            chains["distillation_teacher"] = teacher.report
+    lead = _path_lead(runs[0], tuning, teacher) if teacher is not None else None
     for weight in weights[1:]:
         if lead is not None and not lead.path_leads:
             log.info(
@@ -360,17 +369,44 @@ def _train_candidates(
         task.load_state_dict(start)
         where = out / f"distillation_{weight:g}"
         resume = "last" if config.resume and (where / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT).exists() else ""
-        runs.append(_train_deep(config, task, new_task, where, train, tuning, stage_started, resume))
-    return runs, lead
+        assert teacher is not None
+        train.dataset.teacher = teacher.logits(model, train, device)  # type: ignore[attr-defined]
+        try:
+            runs.append(_train_deep(config, task, new_task, where, train, tuning, stage_started, resume))
+        finally:
+            train.dataset.teacher = None  # type: ignore[attr-defined]
+    return runs, lead, chains
 
 
-def _path_lead(run: DeepRun, tuning: SplitData) -> PathLead:
-    """The first training's deep part against the path alone on the tuning split (rank 0's, so that every DDP
-    rank decides alike)."""
-    deep, path = deep_and_path_tuning_probs(
-        run.task.model, tuning.seqs, tuning.samples, run.trainer.strategy.root_device
+def _fit_chains(
+    config: Config, run: DeepRun, train: SplitData, tuning: SplitData, stage_started: float
+) -> dict[str, Any] | None:
+    """Fit the state path's chains of ``run``'s model (share left at 0); their report, None without them."""
+    if run.task.model.state_path is None:
+        return None
+    return fit_state_path(
+        run.task.model,
+        train,
+        tuning,
+        budget_left(config.trainer, stage_started),
+        config.state_path_l1,
+        config.state_path_share,
+        config.state_path_max_epochs,
+        config.trainer.seed,
+        config.trainer.progress_bar,
+        run.trainer.strategy.root_device,
+        config.state_path_pair_correlation,
+        choose_share=False,
     )
-    return run.trainer.strategy.broadcast(path_leads(tuning.y, deep, path), src=0)
+
+
+def _path_lead(run: DeepRun, tuning: SplitData, teacher: Teacher) -> PathLead:
+    """The first training's deep part against the teacher on the tuning split (rank 0's, so that every DDP
+    rank decides alike)."""
+    device = run.trainer.strategy.root_device
+    deep = deep_tuning_probs(run.task.model, tuning.seqs, tuning.samples, device)
+    taught = expit(teacher.logits(run.task.model, tuning, device))
+    return run.trainer.strategy.broadcast(path_leads(tuning.y, deep, taught), src=0)
 
 
 def _train_deep(

@@ -44,8 +44,11 @@ class LabelledDataset(PatientDataset):
     """A :class:`PatientDataset` whose items also carry a multi-hot target over the label vocabulary.
 
     ``label_spans[i] = (start, stop)``: flat token positions whose codes form item ``i``'s label set;
-    ``label_of_token[token_id]`` is the label column of a token id, or -1 if it is not a label code.
+    ``label_of_token[token_id]`` is the label column of a token id, or -1 if it is not a label code. With
+    ``teacher`` set (``(N, L)`` float32 logits, one row per sample), item ``i`` also carries ``teacher[i]``.
     """
+
+    teacher: np.ndarray | None = None
 
     def __init__(
         self, seqs: Sequences, rows: np.ndarray, cuts: np.ndarray, label_spans: np.ndarray, label_of_token: np.ndarray
@@ -62,14 +65,17 @@ class LabelledDataset(PatientDataset):
         target = np.zeros(self.num_labels, dtype=np.float32)
         target[columns[columns >= 0]] = 1.0
         item["target"] = target
+        if self.teacher is not None:
+            item["teacher"] = self.teacher[i]
         return item
 
 
 def collate_labelled(items: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
-    """Padded inputs plus ``targets`` (B, L) float32 when items carry them."""
+    """Padded inputs plus ``targets`` (B, L) float32 when items carry them, and ``teacher`` (B, L) likewise."""
     batch = pad_batch(items)
-    if "target" in items[0]:
-        batch["targets"] = torch.from_numpy(np.stack([item["target"] for item in items]))
+    for key, name in (("target", "targets"), ("teacher", "teacher")):
+        if key in items[0]:
+            batch[name] = torch.from_numpy(np.stack([item[key] for item in items]))
     return batch
 
 
@@ -115,8 +121,11 @@ class VisitScoredDataset(torch.utils.data.Dataset):
     Item ``i`` holds patient ``rows[i]``'s stream up to its latest prediction time and ``score_positions``,
     the (ascending) token positions of the [SEP]s that close each prediction visit. With
     ``label_of_token``, ``target`` (n_i, L) holds the multi-hot label of each of those samples. ``sample_ids``
-    maps the scored positions, in order, back to the sample numbering of the inputs.
+    maps the scored positions, in order, back to the sample numbering of the inputs. With ``teacher`` set
+    (``(N, L)`` float32 logits in the inputs' sample order), ``teacher`` (n_i, L) holds those samples' rows.
     """
+
+    teacher: np.ndarray | None = None
 
     def __init__(
         self,
@@ -160,19 +169,23 @@ class VisitScoredDataset(torch.utils.data.Dataset):
                 columns = self.label_of_token[self.seqs.token_ids[a:b]]
                 target[j, columns[columns >= 0]] = 1.0
             item["target"] = target
+        if self.teacher is not None:
+            item["teacher"] = self.teacher[self.sample_order[first:stop]]
         return item
 
 
 def collate_visit_scored(items: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
     """Padded inputs, ``score_at`` (B, T) bool at the scored [SEP]s and, with labels, ``targets`` (N, L) in
-    the same row-major order as the model's ``(N, L)`` output."""
+    the same row-major order as the model's ``(N, L)`` output (and ``teacher`` (N, L) likewise when items
+    carry it)."""
     batch = pad_batch(items)
     score_at = torch.zeros(batch["token_ids"].shape, dtype=torch.bool)
     for row, item in enumerate(items):
         score_at[row, torch.from_numpy(item["score_positions"])] = True
     batch["score_at"] = score_at
-    if "target" in items[0]:
-        batch["targets"] = torch.from_numpy(np.concatenate([item["target"] for item in items]))
+    for key, name in (("target", "targets"), ("teacher", "teacher")):
+        if key in items[0]:
+            batch[name] = torch.from_numpy(np.concatenate([item[key] for item in items]))
     return batch
 
 

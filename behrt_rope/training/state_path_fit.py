@@ -68,13 +68,15 @@ def fit_state_path(
     progress: bool = False,
     device: torch.device | None = None,
     pair_correlation: float | None = PAIR_CORRELATION,
+    choose_share: bool = True,
 ) -> dict[str, Any]:
     """Train ``model.state_path``'s sets of chains one after another and set its share (``share``, or 0 unless a
-    share of :data:`SHARE_GRID` is clearly better on the tuning split: :func:`_set_share`); ``seconds_left``: the
-    time budget left (None: no budget), shared by the sets: those it leaves unfitted get no weight. Label codes
-    that travel together in the train patients share a chain (:func:`~behrt_rope.training.chain_pairs.
-    paired_chains` at ``pair_correlation``; None: each label its own). Returns what ``metrics.json`` records
-    under ``state_path``. The rest of the model is not changed."""
+    share of :data:`SHARE_GRID` is clearly better on the tuning split: :func:`set_state_path_share`);
+    ``seconds_left``: the time budget left (None: no budget), shared by the sets: those it leaves unfitted get no
+    weight. Label codes that travel together in the train patients share a chain
+    (:func:`~behrt_rope.training.chain_pairs.paired_chains` at ``pair_correlation``; None: each label its own).
+    With ``choose_share`` false the share stays 0, for :func:`set_state_path_share` to set once the deep part is
+    final. Returns what ``metrics.json`` records under ``state_path``. The rest of the model is not changed."""
     path = model.state_path
     assert path is not None, "fit_state_path needs a model with a state path (model.state_path)"
     if not len(tuning.y):
@@ -120,7 +122,7 @@ def fit_state_path(
         return {**report, "share": 0.0, "seconds": round(time.monotonic() - started, 1)}
     path.use_copies(fitted)
     report["tuning_macro_ap_alone"] = round(_states_macro_ap(model, tuning, device), 5)
-    report.update(_set_share(model, tuning, share, device))
+    report.update(set_state_path_share(model, tuning, share, device) if choose_share else {"share": 0.0})
     report["seconds"] = round(time.monotonic() - started, 1)
     log.info(
         "finetune: state path fitted in %.0f s (%d of %d sets, %d epochs: tuning macro AP %.4f alone), share %.2f",
@@ -240,7 +242,7 @@ def _states_macro_ap(model: BehrtForMultiLabel, tuning: SplitData, device: torch
     return macro_average_precision(tuning.y, states["states"])
 
 
-def _set_share(
+def set_state_path_share(
     model: BehrtForMultiLabel, tuning: SplitData, share: float | None, device: torch.device
 ) -> dict[str, Any]:
     """Set the state path's share: ``share``, or 0 unless a share of :data:`SHARE_GRID` is clearly better on the

@@ -173,11 +173,13 @@ class MultiLabelTask(_Task):
         logits = self.model.deep_logits(**inputs, score_at=batch.get("score_at"))
         loss = multilabel_loss(logits, batch["targets"], self.pos_weight)
         if self.path_distillation > 0:
-            with torch.no_grad():
-                path = self.model.path_logits(
-                    inputs["token_ids"], inputs["visit_index"], inputs["ages"], batch["score_at"], inputs.get("sex")
-                )
-            loss = distillation_loss(loss, logits, path, self.path_distillation)
+            teacher = batch.get("teacher")  # the frozen paths' logits, computed once (training/teacher.py)
+            if teacher is None:
+                with torch.no_grad():
+                    teacher = self.model.path_logits(
+                        inputs["token_ids"], inputs["visit_index"], inputs["ages"], batch["score_at"], inputs.get("sex")
+                    )
+            loss = distillation_loss(loss, logits, teacher, self.path_distillation)
         self._count_padding(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["token_ids"].shape[0])
         return loss

@@ -1,0 +1,79 @@
+"""The distillation teacher of the deep part: the frozen paths' logits, the state path's share chosen on tuning.
+
+``finetune`` distills the frozen paths into the deep part when they lead it on the tuning split
+(``training/distillation_choice.py``). The sparse time path alone was that teacher; on histories whose codes
+follow hidden stages the state path's chains predict better than both (docs/benchmarks.md, "Forty-eighth
+round"), and a deep part distilled from them learns what they found, from the same raw token streams. The
+teacher is ``(1 - t) * sparse time path + t * state path`` in logits, ``t`` on :data:`SHARE_GRID` and 0 (the
+sparse time path alone) unless another share is clearly better on the tuning split
+(:func:`~behrt_rope.training.clear_gain.choose_clearly_better`). Its logits are computed once per split, so a
+training step costs what it cost with the sparse time path alone.
+
+Shapes: ``N`` samples of a split, ``L`` labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.special import expit
+
+from behrt_rope.model.heads import BehrtForMultiLabel
+from behrt_rope.training.clear_gain import CHOICE_LEVEL, choose_clearly_better
+from behrt_rope.training.inference import Part, score_parts
+from behrt_rope.training.loaders import SplitData
+from behrt_rope.training.state_path_fit import SHARE_GRID
+
+PROBABILITY_CLIP = 1e-6
+"""Probabilities are kept in [clip, 1 - clip] before their logit."""
+
+
+@dataclass(frozen=True)
+class Teacher:
+    """The teacher's state path share ``t`` and what ``metrics.json`` records of its choice."""
+
+    share: float
+    report: dict[str, Any]
+
+    def logits(self, model: BehrtForMultiLabel, split: SplitData, device: torch.device) -> np.ndarray:
+        """``(N, L)`` float32 teacher logits of ``split``'s samples, in their order."""
+        path, states = _path_logits(model, split, device, with_states=self.share > 0)
+        return path if states is None else ((1 - self.share) * path + self.share * states).astype(np.float32)
+
+
+def choose_teacher(model: BehrtForMultiLabel, tuning: SplitData, device: torch.device, with_states: bool) -> Teacher:
+    """The teacher of ``model``: its sparse time path and, ``with_states`` (its state path fitted), the state
+    path at the share chosen on ``tuning``."""
+    if not with_states or model.state_path is None or not len(tuning.y):
+        return Teacher(0.0, {"state_path_share": 0.0})
+    path, states = _path_logits(model, tuning, device, with_states=True)
+    assert states is not None
+    mixes = {t: expit((1 - t) * path + t * states) for t in SHARE_GRID}
+    choice = choose_clearly_better(tuning.y, mixes, tuning.samples.rows, reference=0.0)
+    over = {
+        f"{t:g}": dict(zip(("difference", "low", "high"), v, strict=True)) for t, v in choice.over_reference.items()
+    }
+    report = {
+        "state_path_share": choice.chosen,
+        "tuning_macro_ap_by_share": choice.macro_ap,
+        "over_share_0": {"level": CHOICE_LEVEL, **over},
+    }
+    return Teacher(choice.chosen, report)
+
+
+def _path_logits(
+    model: BehrtForMultiLabel, split: SplitData, device: torch.device, with_states: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(N, L)`` float32 logits of the sparse time path and (``with_states``) of the state path."""
+    parts: tuple[Part, ...] = ("path", "states") if with_states else ("path",)
+    probs = score_parts(model, split.seqs, split.samples.rows, split.samples.cuts, device=device, parts=parts)
+    logits = {part: _logit(p) for part, p in probs.items()}
+    return logits["path"], logits.get("states")
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p.astype(np.float64), PROBABILITY_CLIP, 1.0 - PROBABILITY_CLIP)
+    return (np.log(p) - np.log1p(-p)).astype(np.float32)
