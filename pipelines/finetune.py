@@ -109,8 +109,9 @@ class Config:
     """With model.sparse_time, the weight of the path's probabilities as soft targets in the deep part's loss:
     ``(1 - w) x BCE(labels) + w x BCE(path's probabilities)`` (knowledge distillation). The deep part still
     reads only the tokens and their times; the frozen path only shapes what it is trained towards. 0: labels
-    alone. null: trained at 0, then at 0.8 when the path alone scores a better tuning macro AP than that first
-    deep part (the path is the stronger learner) and the time budget has room for a second training (at least
+    alone. null: trained at 0, then at 0.8 when the teacher (the path alone, or with ``state_path_teacher`` the
+    path and the state path's chains) scores a better tuning macro AP than that first deep part (the teacher is
+    the stronger learner) and the time budget has room for a second training (at least
     the first one's time left), keeping 0.8 unless the deep part alone at 0 scores a clearly better tuning
     macro AP (a paired bootstrap over the tuning patients; ``training.distillation_choice``; ``metrics.json``
     ``distillation_choice``); further runs go to OUT/distillation_W."""
