@@ -14,7 +14,6 @@ from typing import Any, Literal
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from scipy.special import expit
 
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
@@ -404,10 +403,8 @@ def _fit_chains(
 def _path_lead(run: DeepRun, tuning: SplitData, teacher: Teacher) -> PathLead:
     """The first training's deep part against the teacher on the tuning split (rank 0's, so that every DDP
     rank decides alike)."""
-    device = run.trainer.strategy.root_device
-    deep = deep_tuning_probs(run.task.model, tuning.seqs, tuning.samples, device)
-    taught = expit(teacher.logits(run.task.model, tuning, device))
-    return run.trainer.strategy.broadcast(path_leads(tuning.y, deep, taught), src=0)
+    deep = deep_tuning_probs(run.task.model, tuning.seqs, tuning.samples, run.trainer.strategy.root_device)
+    return run.trainer.strategy.broadcast(path_leads(tuning.y, deep, teacher.tuning_probs), src=0)
 
 
 def _train_deep(

@@ -172,7 +172,7 @@ class HiddenStateFilter(nn.Module):
         """``(B,)`` ages in years and female flags -> ``(B, G, K, K)`` rate matrices per year (rows sum to 0) of
         the ``G`` chains."""
         a = ((age - AGE_CENTRE) / AGE_SCALE)[:, None, None]  # (B, 1, 1)
-        rates = F.softplus(self.rate + self.rate_age * a + self.rate_sex * female[:, None, None])  # (B, L, moves)
+        rates = F.softplus(self.rate + self.rate_age * a + self.rate_sex * female[:, None, None])  # (B, G, moves)
         q = rates.new_zeros(len(age), self.num_chains, self.num_states, self.num_states)
         q[:, :, self.move_from, self.move_to] = rates
         return q - torch.diag_embed(q.sum(-1))

@@ -33,12 +33,14 @@ PROBABILITY_CLIP = 1e-6
 """Probabilities are kept in [clip, 1 - clip] before their logit."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Teacher:
-    """The teacher's state path share ``t`` and what ``metrics.json`` records of its choice."""
+    """The teacher's state path share ``t``, what ``metrics.json`` records of its choice and its ``(N, L)``
+    probabilities on the tuning split it was chosen on."""
 
     share: float
     report: dict[str, Any]
+    tuning_probs: np.ndarray
 
     def logits(self, model: BehrtForMultiLabel, split: SplitData, device: torch.device) -> np.ndarray:
         """``(N, L)`` float32 teacher logits of ``split``'s samples, in their order."""
@@ -49,10 +51,10 @@ class Teacher:
 def choose_teacher(model: BehrtForMultiLabel, tuning: SplitData, device: torch.device, with_states: bool) -> Teacher:
     """The teacher of ``model``: its sparse time path and, ``with_states`` (its state path fitted), the state
     path at the share chosen on ``tuning``."""
-    if not with_states or model.state_path is None or not len(tuning.y):
-        return Teacher(0.0, {"state_path_share": 0.0})
-    path, states = _path_logits(model, tuning, device, with_states=True)
-    assert states is not None
+    with_states = with_states and model.state_path is not None and len(tuning.y) > 0
+    path, states = _path_logits(model, tuning, device, with_states)
+    if states is None:
+        return Teacher(0.0, {"state_path_share": 0.0}, expit(path))
     mixes = {t: expit((1 - t) * path + t * states) for t in SHARE_GRID}
     choice = choose_clearly_better(tuning.y, mixes, tuning.samples.rows, reference=0.0)
     over = {
@@ -70,7 +72,7 @@ def choose_teacher(model: BehrtForMultiLabel, tuning: SplitData, device: torch.d
         "tuning_macro_ap_by_share": choice.macro_ap,
         "over_share_0": {"level": CHOICE_LEVEL, **over},
     }
-    return Teacher(choice.chosen, report)
+    return Teacher(choice.chosen, report, mixes[choice.chosen])
 
 
 def _path_logits(
