@@ -568,9 +568,13 @@ def _finetune_info(metrics: dict[str, Any]) -> str:
     ...      "first_training_against_path": {"deep_macro_ap": 0.25, "path_macro_ap": 0.24, "path_leads": False}}}
     >>> _finetune_info(m).split("; ")
     ['20 epochs (best 14)', 'sparse time path share 0.6', 'distillation weight 0 (no training at 0.8: the deep part \
-led the path on the tuning split, macro AP 0.2500 against 0.2400)']
+led its teacher, the sparse time path, on the tuning split, macro AP 0.2500 against 0.2400)']
+    >>> m["state_path"] = {"fitted": True, "epochs": 9, "share": 0.0, "distillation_teacher": {"state_path_share": 0.9}}
+    >>> _finetune_info(m).split("; ")[2]
+    'distillation weight 0 (no training at 0.8: the deep part led its teacher, the sparse time path and the state \
+path at share 0.9, on the tuning split, macro AP 0.2500 against 0.2400)'
     >>> m["distillation_choice"]["first_training_against_path"]["path_leads"] = True
-    >>> _finetune_info(m).split("; ")[-1]
+    >>> _finetune_info(m).split("; ")[2]
     'distillation weight 0 (no training at 0.8: the time budget had no room for it)'
     >>> _finetune_info({"epochs": 3, "sparse_time_share": 0.5, "sparse_time_distillation": 0.5, "tuning_samples": 9})
     '3 epochs; sparse time path share 0.5; distillation weight 0.5 (set)'
@@ -613,13 +617,19 @@ def _why_weight(metrics: dict[str, Any]) -> str:
     choice = metrics.get("distillation_choice")
     if not choice:
         return " (set)" if metrics.get("tuning_samples") else " (no tuning split to choose on)"
+    teacher = "the sparse time path"
+    share = ((metrics.get("state_path") or {}).get("distillation_teacher") or {}).get("state_path_share")
+    if share:
+        teacher += f" and the state path at share {share:g}"
     if len(choice["weights_tried"]) > 1:
-        return f" (kept of {', '.join(f'{w:g}' for w in choice['weights_tried'])} by the tuning split)"
+        return (
+            f" (kept of {', '.join(f'{w:g}' for w in choice['weights_tried'])} by the tuning split; teacher {teacher})"
+        )
     untried = ", ".join(f"{w:g}" for w in choice["weights_not_tried"])
     lead = choice.get("first_training_against_path")
     if lead and not lead["path_leads"]:
         return (
-            f" (no training at {untried}: the deep part led the path on the tuning split, macro AP "
+            f" (no training at {untried}: the deep part led its teacher, {teacher}, on the tuning split, macro AP "
             f"{lead['deep_macro_ap']:.4f} against {lead['path_macro_ap']:.4f})"
         )
     return f" (no training at {untried}: the time budget had no room for it)"
