@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.special import expit
+from scipy.special import expit, logit
 
 from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.training.clear_gain import CHOICE_LEVEL, choose_clearly_better
@@ -86,5 +86,4 @@ def _path_logits(
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p.astype(np.float64), PROBABILITY_CLIP, 1.0 - PROBABILITY_CLIP)
-    return (np.log(p) - np.log1p(-p)).astype(np.float32)
+    return logit(np.clip(p.astype(np.float64), PROBABILITY_CLIP, 1.0 - PROBABILITY_CLIP)).astype(np.float32)
