@@ -125,11 +125,11 @@ class HiddenStateFilter(nn.Module):
             emission = torch.sigmoid(self.emission)  # (L, K)
             state = self._first_state(at_visit[:, 0], female, male)  # (B, G, K)
             # unbound once: a slice per visit would cost a whole-tensor gradient per visit in the backward
-            table = self._transitions(at_visit[:, :last], female)  # (B, last - 1, R G, K, K)
+            moves = self._transitions(at_visit[:, :last], female)  # (B, last - 1, R G, K, K)
             G = self.num_chains
-            shifts = (table[:, :, G:] - table[:, :, :G]).unbind(1) if self.coupled else ()  # (B, G, K, K) each
+            shifts = (moves[:, :, G:] - moves[:, :, :G]).unbind(1) if self.coupled else ()  # (B, G, K, K) each
             drive = self._drive_from_others() if self.coupled else None  # (G K, G)
-            moves = table[:, :, :G].unbind(1)  # last - 1 x (B, G, K, K)
+            moves = moves[:, :, :G].unbind(1)  # last - 1 x (B, G, K, K)
             # Reweighing by exp(evidence), scaled per (visit, label) so that its largest factor is 1: the same
             # as a softmax of log(state) + evidence, without a log, exp and softmax at every visit.
             weigh = torch.exp(evidence - evidence.amax(-1, keepdim=True))[:, :last].unbind(1)  # last x (B, G, K)
