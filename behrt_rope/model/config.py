@@ -134,10 +134,6 @@ class ModelConfig:
     against +0.0035 macro AP on a progression draw (chains alone 0.1464 against 0.1439), +0.0006 against
     +0.0004 on a recurrence_sparse draw, -0.0003 either way on a clinical one, for three times the fit
     (docs/benchmarks.md, "Forty-sixth round")."""
-    state_path_coupled: bool = False
-    """With ``state_path``: the chains drive each other's rates (``HiddenStateFilter`` ``coupled``): each chain
-    has a second set of rates, taken as the other chains' filtered states say, so one condition's stage can
-    speed another's onset."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -177,6 +173,5 @@ HEAD_FIELDS = (
     "state_filter",
     "state_path",
     "state_path_copies",
-    "state_path_coupled",
 )
 """ModelConfig fields of the fine-tuning head; the encoder's other fields come with a pre-trained encoder."""

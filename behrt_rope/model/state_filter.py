@@ -21,13 +21,6 @@ each label ``l`` its own ``K``-state chain and runs its forward filter over the 
   recording ``l`` at the next visit, weighed by the filtered state ``pi`` of the label's chain
   (``chain_of_label[l]``: its own by default; labels can share one, see :meth:`share_chains`).
 
-With ``coupled``, one condition's stage can speed or slow another's: each chain ``g`` has a second set of rates
-(``softplus(r_g + r_age_g a + r_sex_g female + shift_g)``), and its move between two visits is the mix
-``(1 - s_g) P_g + s_g P'_g`` of its transition matrices under the two, where ``s_g = sigmoid(b_g + sum_{h != g,
-k} D[h k, g] pi_hk)`` reads the other chains' filtered states at the earlier visit (a regime the others switch,
-the mean-field step of a coupled HMM). Which chains drive which is learned (an L1 penalty on ``D`` keeps it
-sparse: :meth:`drive_l1`); with ``shift`` 0 it is the uncoupled filter.
-
 This is the forward filter of a continuous-time HMM, as in disease-progression models (e.g. Liu et al. 2015,
 "Efficient learning of continuous-time hidden Markov models for disease progression"), with the emission
 likelihood replaced by discriminatively trained potentials (a visit's log-likelihood under independent code
@@ -78,12 +71,12 @@ class HiddenStateFilter(nn.Module):
     move_to: torch.Tensor  # (K (K - 1),) long: the state it enters
     chain_of_label: torch.Tensor  # (L,) long: the chain each label reads (saved; its own unless shared)
 
-    def __init__(self, vocab_size: int, num_labels: int, num_states: int = 4, coupled: bool = False) -> None:
+    def __init__(self, vocab_size: int, num_labels: int, num_states: int = 4) -> None:
         super().__init__()
         if num_states < 2:
             raise ValueError(f"a hidden-state filter needs at least 2 states, got {num_states}")
         L, K = num_labels, num_states
-        self.vocab_size, self.num_labels, self.num_states, self.coupled = vocab_size, L, K, coupled
+        self.vocab_size, self.num_labels, self.num_states = vocab_size, L, K
         self.num_chains = L  # until labels share chains (share_chains)
         moves = K * (K - 1)
         # Symmetry breaking: chains start a little apart, so their states can take different roles.
@@ -98,10 +91,6 @@ class HiddenStateFilter(nn.Module):
         self.register_buffer("move_from", off_diagonal[:, 0].clone(), persistent=False)
         self.register_buffer("move_to", off_diagonal[:, 1].clone(), persistent=False)
         self.register_buffer("chain_of_label", torch.arange(L))
-        if coupled:
-            self.rate_shift = nn.Parameter(torch.zeros(L, moves))
-            self.drive = nn.Parameter(0.01 * torch.randn(L * K, L))
-            self.drive_bias = nn.Parameter(torch.zeros(L))
         self._register_load_state_dict_pre_hook(self._saved_chains)
 
     def forward(
@@ -125,22 +114,14 @@ class HiddenStateFilter(nn.Module):
             emission = torch.sigmoid(self.emission)  # (L, K)
             state = self._first_state(at_visit[:, 0], female, male)  # (B, G, K)
             # unbound once: a slice per visit would cost a whole-tensor gradient per visit in the backward
-            moves = self._transitions(at_visit[:, :last], female)  # (B, last - 1, R G, K, K)
-            G = self.num_chains
-            shifts = (moves[:, :, G:] - moves[:, :, :G]).unbind(1) if self.coupled else ()  # (B, G, K, K) each
-            drive = self._drive_from_others() if self.coupled else None  # (G K, G)
-            moves = moves[:, :, :G].unbind(1)  # last - 1 x (B, G, K, K)
+            moves = self._transitions(at_visit[:, :last], female).unbind(1)  # last - 1 x (B, G, K, K)
             # Reweighing by exp(evidence), scaled per (visit, label) so that its largest factor is 1: the same
             # as a softmax of log(state) + evidence, without a log, exp and softmax at every visit.
             weigh = torch.exp(evidence - evidence.amax(-1, keepdim=True))[:, :last].unbind(1)  # last x (B, G, K)
             chances = []
             for t in range(last):
                 if t > 0:
-                    move = moves[t - 1]
-                    if drive is not None:  # each chain's chance of its second rates, from the others' states
-                        regime = torch.sigmoid(self.drive_bias + state.flatten(1) @ drive)  # (B, G)
-                        move = move + regime[..., None, None] * shifts[t - 1]
-                    state = (state.unsqueeze(-1) * move).sum(-2)
+                    state = (state.unsqueeze(-1) * moves[t - 1]).sum(-2)
                 state = state.clamp(min=1e-30) * weigh[t]
                 state = state / state.sum(-1, keepdim=True)
                 chances.append((state[:, self.chain_of_label] * emission).sum(-1))  # (B, L)
@@ -149,20 +130,6 @@ class HiddenStateFilter(nn.Module):
             chance = torch.stack(chances, dim=1)[scored_rows, scored_visits]  # (N, L)
             chance = chance.clamp(PROBABILITY_FLOOR, 1.0 - PROBABILITY_FLOOR)
             return torch.log(chance) - torch.log1p(-chance)
-
-    def _drive_from_others(self) -> torch.Tensor:
-        """``(G K, G)``: the weights by which each chain's filtered state drives each chain's choice of rates, a
-        chain's own cut out (its own state already sets its moves)."""
-        G, K = self.num_chains, self.num_states
-        others = ~torch.eye(G, dtype=torch.bool, device=self.drive.device).repeat_interleave(K, dim=0)
-        return self.drive * others
-
-    def drive_l1(self) -> torch.Tensor:
-        """``()``: the summed absolute weights by which chains drive each other's rates (a chain's own, unused,
-        left out), divided by ``L`` (0 without coupling)."""
-        if not self.coupled:
-            return self.rate.new_zeros(())
-        return self._drive_from_others().abs().sum() / self.num_labels
 
     def share_chains(self, chain_of_label: torch.Tensor) -> None:
         """Let labels share chains: label ``l`` reads from now on the chain that label ``chain_of_label[l]``
@@ -180,34 +147,19 @@ class HiddenStateFilter(nn.Module):
 
     def _keep_chains(self, kept: torch.Tensor) -> None:
         """Keep only chains ``kept`` ``(G,)`` (ascending chain numbers): every per-chain parameter is cut to them."""
-        C, G, K = self.vocab_size, self.num_chains, self.num_states
-        for name in self._chain_parameters():
+        C, K = self.vocab_size, self.num_states
+        for name in _CHAIN_PARAMETERS:
             value = getattr(self, name)
-            if name == "evidence":
-                cut = value.view(C, G, K)[:, kept].reshape(C, -1)
-            elif name == "drive":  # (driver chain and state, driven chain)
-                cut = value.view(G, K, G)[kept][:, :, kept].reshape(len(kept) * K, len(kept))
-            else:
-                cut = value[kept]
+            cut = value.view(C, self.num_chains, K)[:, kept].reshape(C, -1) if name == "evidence" else value[kept]
             setattr(self, name, nn.Parameter(cut.detach().clone(), requires_grad=value.requires_grad))
         self.num_chains = len(kept)
 
-    def _chain_parameters(self) -> tuple[str, ...]:
-        """Names of the parameters with one entry (or block) per chain."""
-        return _CHAIN_PARAMETERS + (_COUPLING_PARAMETERS if self.coupled else ())
-
     def _saved_chains(self, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
         """Load a filter whatever its chains: one saved with shared chains has fewer chains than labels; one saved
-        before chains could be shared (session 51) has no ``chain_of_label``: each label its own; an uncoupled one
-        loads into a coupled filter as itself (no second set of rates)."""
+        before chains could be shared (session 51) has no ``chain_of_label``: each label its own."""
         rate = state_dict.get(prefix + "rate")
-        if self.coupled and rate is not None and prefix + "rate_shift" not in state_dict:
-            G = len(rate)
-            state_dict[prefix + "rate_shift"] = torch.zeros_like(rate)
-            state_dict[prefix + "drive"] = rate.new_zeros(G * self.num_states, G)
-            state_dict[prefix + "drive_bias"] = rate.new_zeros(G)
         if rate is not None and len(rate) != self.num_chains:  # sized as saved; the values are loaded next
-            for name in self._chain_parameters():
+            for name in _CHAIN_PARAMETERS:
                 value = getattr(self, name)
                 saved = state_dict[prefix + name]
                 setattr(self, name, nn.Parameter(value.new_empty(saved.shape), requires_grad=value.requires_grad))
@@ -217,14 +169,11 @@ class HiddenStateFilter(nn.Module):
             state_dict[prefix + "chain_of_label"] = torch.arange(emission.shape[0])
 
     def generator(self, age: torch.Tensor, female: torch.Tensor) -> torch.Tensor:
-        """``(B,)`` ages in years and female flags -> ``(B, R G, K, K)`` rate matrices per year (rows sum to 0) of
-        the ``G`` chains (``R`` 2 with ``coupled``: the second set of rates follows the first ``G``)."""
+        """``(B,)`` ages in years and female flags -> ``(B, G, K, K)`` rate matrices per year (rows sum to 0) of
+        the ``G`` chains."""
         a = ((age - AGE_CENTRE) / AGE_SCALE)[:, None, None]  # (B, 1, 1)
-        rates = self.rate + self.rate_age * a + self.rate_sex * female[:, None, None]  # (B, G, moves)
-        if self.coupled:
-            rates = torch.cat([rates, rates + self.rate_shift], dim=1)  # (B, 2 G, moves)
-        rates = F.softplus(rates)
-        q = rates.new_zeros(len(age), rates.shape[1], self.num_states, self.num_states)
+        rates = F.softplus(self.rate + self.rate_age * a + self.rate_sex * female[:, None, None])  # (B, G, moves)
+        q = rates.new_zeros(len(age), self.num_chains, self.num_states, self.num_states)
         q[:, :, self.move_from, self.move_to] = rates
         return q - torch.diag_embed(q.sum(-1))
 
@@ -235,9 +184,9 @@ class HiddenStateFilter(nn.Module):
         return torch.softmax(torch.einsum("lkf,bf->blk", self.prior, features), dim=-1)
 
     def transition_table(self) -> torch.Tensor:
-        """``(2, A, P, R G, K, K)``: the transition matrix of every chain (and set of rates) at each grid point of
-        (female, age, gap): the identity at gap 0, ``expm(Q_l(age, sex) g0)`` at the smallest gap and its repeated
-        squares (``P(2 g) = P(g)^2``, exact) above, so one small batched matrix exponential per forward pass."""
+        """``(2, A, P, G, K, K)``: the transition matrix of every chain at each grid point of (female, age,
+        gap): the identity at gap 0, ``expm(Q_l(age, sex) g0)`` at the smallest gap and its repeated squares
+        (``P(2 g) = P(g)^2``, exact) above, so one small batched matrix exponential per forward pass."""
         female = torch.tensor([0.0, 1.0], device=self.rate.device)
         ages = torch.tensor(AGE_GRID, device=self.rate.device)
         female, ages = (grid.reshape(-1) for grid in torch.meshgrid(female, ages, indexing="ij"))  # (2 A,)
@@ -246,20 +195,18 @@ class HiddenStateFilter(nn.Module):
         for _ in range(GAP_POINTS - 2):
             square = powers[-1] @ powers[-1]
             powers.append(square / square.sum(-1, keepdim=True))  # float32 rounding would drift off 1
-        table = torch.stack(powers, dim=1)  # (2 A, P, R G, K, K)
-        return table.view(2, len(AGE_GRID), GAP_POINTS, -1, self.num_states, self.num_states)
+        table = torch.stack(powers, dim=1)  # (2 A, P, G, K, K)
+        return table.view(2, len(AGE_GRID), GAP_POINTS, self.num_chains, self.num_states, self.num_states)
 
     def _transitions(self, at_visit: torch.Tensor, female: torch.Tensor) -> torch.Tensor:
-        """``(B, V)`` ages at each visit in years and ``(B,)`` female flags -> ``(B, V - 1, R G, K, K)``: the
-        transition matrix from each visit to the next (under each set of rates), at the rates of the earlier
-        visit's age. Each is read off :meth:`transition_table` bilinearly in age and in the gap's grid position
-        (:func:`_gap_position`), all visits in one weighted gather (``embedding_bag``: four table rows and their
-        weights per move); a convex mix of transition matrices is one too."""
+        """``(B, V)`` ages at each visit in years and ``(B,)`` female flags -> ``(B, V - 1, G, K, K)``: the
+        transition matrix from each visit to the next, at the rates of the earlier visit's age. Each is read
+        off :meth:`transition_table` bilinearly in age and in the gap's grid position (:func:`_gap_position`),
+        all visits in one weighted gather (``embedding_bag``: four table rows and their weights per move); a
+        convex mix of transition matrices is one too."""
         B, V = at_visit.shape
-        K = self.num_states
-        table = self.transition_table()
-        G = table.shape[3]  # chains x sets of rates
-        table = table.reshape(-1, G * K * K)  # (2 A P, R G K K)
+        G, K = self.num_chains, self.num_states
+        table = self.transition_table().reshape(-1, G * K * K)  # (2 A P, G K K)
         age, gap = at_visit[:, :-1], (at_visit[:, 1:] - at_visit[:, :-1]).clamp(min=0.0)  # (B, V - 1) years
         a = (age / AGE_STEP).clamp(0.0, len(AGE_GRID) - 1.0)
         u = _gap_position(gap)
@@ -285,8 +232,6 @@ class HiddenStateFilter(nn.Module):
 
 _CHAIN_PARAMETERS = ("rate", "rate_age", "rate_sex", "prior", "evidence", "visit_evidence")
 """Parameters with one entry per chain (``evidence``: a ``K``-column block per chain); ``emission`` is per label."""
-_COUPLING_PARAMETERS = ("rate_shift", "drive", "drive_bias")
-"""With ``coupled``, also per chain (``drive``: per driving chain and state, and per driven chain)."""
 
 
 def _gap_position(gap: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,6 @@ ADDED_LATER: dict[str, Any] = {
     "state_filter": 0,
     "state_path": 0,
     "state_path_copies": 1,
-    "state_path_coupled": False,
 }
 """ModelConfig fields added after format version 1, with the value that a ``model.json`` written before them
 means: the model as it was then (their current defaults would describe a different set of weights)."""

@@ -17,7 +17,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from scipy.special import expit
@@ -25,7 +25,6 @@ from tqdm.auto import tqdm
 
 from behrt_rope.data.batching import BucketBatchSampler
 from behrt_rope.model.heads import BehrtForMultiLabel, multilabel_loss
-from behrt_rope.model.state_filter import HiddenStateFilter
 from behrt_rope.training.chain_pairs import PAIR_CORRELATION, paired_chains
 from behrt_rope.training.clear_gain import CHOICE_LEVEL, choose_clearly_better
 from behrt_rope.training.inference import score_parts
@@ -48,8 +47,6 @@ CROSS_EVIDENCE_L1 = 2e-4
 of (per label; the loss is a mean over labels): about 3e-6 per weight at 64 labels, where it lifted the
 chains' own tuning macro AP on a progression draw from 0.1483 to 0.1530 (docs/benchmarks.md, "Forty-fifth
 round")."""
-DRIVE_L1 = 2e-4
-"""Strength of the L1 penalty on the weights by which coupled chains drive each other's rates (per label)."""
 SHARE_GRID = (0.0, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 1.0)
 """The state path's candidate shares of the model's logit; 0 leaves the model as it was, 1 is the chains alone.
 0.9 and 1 since session 50: on progression draws the chains alone beat every mix (their logits spread less than
@@ -216,8 +213,7 @@ def _train(
             logits = chains(
                 batch["token_ids"], batch["visit_index"], batch["ages"], batch["score_at"], batch.get("sex")
             )
-            penalty = l1 * path.cross_evidence_l1(number) + DRIVE_L1 * cast(HiddenStateFilter, chains).drive_l1()
-            loss = multilabel_loss(logits, batch["targets"]) + penalty
+            loss = multilabel_loss(logits, batch["targets"]) + l1 * path.cross_evidence_l1(number)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
