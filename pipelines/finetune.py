@@ -127,11 +127,6 @@ class Config:
     """With model.state_path, its weight in the model's logit; null: 0 unless a share of
     ``training.state_path_fit.SHARE_GRID`` is clearly better on the tuning split (the lower end of its paired
     90% bootstrap interval over the tuning patients above 0; the largest such gain), ``training.clear_gain``."""
-    distillation_temperature: float = 2.0
-    """The temperature ``T`` of the distilled deep part's soft targets: ``T^2 x BCE(logits / T, sigmoid(teacher
-    / T))`` (``training.tasks.distillation_loss``); 1: the teacher's probabilities as they are. 2 since session
-    53: on two progression draws' tuning splits the distilled deep part scored +0.0011 and +0.0014 macro AP
-    against 1 (4: -0.0012) (docs/benchmarks.md, "Forty-ninth round")."""
     state_path_teacher: bool = True
     """With model.state_path and the sparse time path: the chains are fitted right after the first training of
     the deep part and join the distillation teacher of any further one, ``(1 - t) x sparse time path + t x state
@@ -223,14 +218,7 @@ def run(config: Config) -> Path:
 
         def new_task(distillation: float) -> MultiLabelTask:
             return MultiLabelTask(
-                model_config,
-                tc,
-                len(label_ids),
-                config.pooling,
-                pos_weight,
-                label_ids.tolist(),
-                distillation,
-                config.distillation_temperature,
+                model_config, tc, len(label_ids), config.pooling, pos_weight, label_ids.tolist(), distillation
             )
 
         task = new_task(0.0)
@@ -522,9 +510,6 @@ def _check_path_settings(config: Config) -> None:
     pairing = config.state_path_pair_correlation
     if pairing is not None and not 0.0 <= pairing <= 1.0:
         raise UserError(f"state_path_pair_correlation must lie in [0, 1] (or be null: no shared chains), got {pairing}")
-    temperature = config.distillation_temperature
-    if not temperature > 0:
-        raise UserError(f"distillation_temperature must be positive (1: the teacher as it is), got {temperature}")
 
 
 def _soup_callback(config: Config, has_tuning: bool, monitor: str, mode: str) -> TopChecksSoup | None:

@@ -151,7 +151,6 @@ class MultiLabelTask(_Task):
         pos_weight: list[float] | None = None,
         label_token_ids: list[int] | None = None,
         path_distillation: float = 0.0,
-        distillation_temperature: float = 1.0,
     ) -> None:
         super().__init__(model_config, trainer_config)
         self.model = BehrtForMultiLabel(model_config, num_labels, pooling, label_token_ids)  # type: ignore[arg-type]
@@ -159,9 +158,6 @@ class MultiLabelTask(_Task):
             raise ValueError(f"path_distillation must lie in [0, 1], got {path_distillation}")
         # the path's probabilities as soft targets of the deep part; nothing to learn from without the path
         self.path_distillation = path_distillation if self.model.sparse_time is not None else 0.0
-        if distillation_temperature <= 0:
-            raise ValueError(f"distillation_temperature must be positive, got {distillation_temperature}")
-        self.distillation_temperature = distillation_temperature
         self.register_buffer(
             "pos_weight", torch.tensor(pos_weight, dtype=torch.float32) if pos_weight is not None else None
         )
@@ -183,7 +179,7 @@ class MultiLabelTask(_Task):
                     teacher = self.model.path_logits(
                         inputs["token_ids"], inputs["visit_index"], inputs["ages"], batch["score_at"], inputs.get("sex")
                     )
-            loss = distillation_loss(loss, logits, teacher, self.path_distillation, self.distillation_temperature)
+            loss = distillation_loss(loss, logits, teacher, self.path_distillation)
         self._count_padding(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["token_ids"].shape[0])
         return loss
@@ -223,25 +219,18 @@ class MultiLabelTask(_Task):
 
 
 def distillation_loss(
-    label_loss: torch.Tensor, logits: torch.Tensor, teacher: torch.Tensor, weight: float, temperature: float = 1.0
+    label_loss: torch.Tensor, logits: torch.Tensor, teacher: torch.Tensor, weight: float
 ) -> torch.Tensor:
-    """``(1 - weight) x label_loss + weight x T^2 BCE(logits / T, sigmoid(teacher / T))``, a scalar in float32.
+    """``(1 - weight) x label_loss + weight x BCE(logits, sigmoid(teacher))``, a scalar in float32.
 
     ``logits``, ``teacher``: ``(N, L)``, the student's and the teacher's logits; the teacher's probabilities are
-    soft targets (Hinton et al. 2015), which carry how likely each label is rather than whether it occurred. At
-    a temperature ``T`` above 1 both are softened: for a rare label, whose chances sit near 0, the gradient
-    ``T (sigmoid(z / T) - sigmoid(t / T))`` then follows the gap between the two logits rather than between two
-    small probabilities, so the student learns how the teacher ranks its unlikely samples too (what average
-    precision reads); ``T^2`` keeps the term's size.
+    soft targets (Hinton et al. 2015), which carry how likely each label is rather than whether it occurred.
 
     >>> z = torch.zeros(1, 2)
     >>> round(float(distillation_loss(torch.tensor(1.0), z, z, 0.25)), 4)  # 0.75 x 1 + 0.25 x ln 2
     0.9233
-    >>> round(float(distillation_loss(torch.tensor(1.0), z, z, 0.25, temperature=2.0)), 4)  # 0.75 + 0.25 x 4 ln 2
-    1.4431
     """
-    scaled, target = logits.float() / temperature, torch.sigmoid(teacher.float() / temperature)
-    soft = temperature * temperature * F.binary_cross_entropy_with_logits(scaled, target)
+    soft = F.binary_cross_entropy_with_logits(logits.float(), torch.sigmoid(teacher.float()))
     return (1.0 - weight) * label_loss + weight * soft
 
 
