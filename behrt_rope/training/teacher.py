@@ -20,17 +20,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.special import expit, logit
+from scipy.special import expit
 
 from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.training.clear_gain import CHOICE_LEVEL, choose_clearly_better
 from behrt_rope.training.inference import Part, score_parts
 from behrt_rope.training.loaders import SplitData
+from behrt_rope.training.sparse_time_fit import logit
 from behrt_rope.training.state_path_fit import SHARE_GRID
 
 log = logging.getLogger("behrt_rope.finetune")
-PROBABILITY_CLIP = 1e-6
-"""Probabilities are kept in [clip, 1 - clip] before their logit."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,9 +80,5 @@ def _path_logits(
     """``(N, L)`` float32 logits of the sparse time path and (``with_states``) of the state path."""
     parts: tuple[Part, ...] = ("path", "states") if with_states else ("path",)
     probs = score_parts(model, split.seqs, split.samples.rows, split.samples.cuts, device=device, parts=parts)
-    logits = {part: _logit(p) for part, p in probs.items()}
+    logits = {part: logit(p).astype(np.float32) for part, p in probs.items()}
     return logits["path"], logits.get("states")
-
-
-def _logit(p: np.ndarray) -> np.ndarray:
-    return logit(np.clip(p.astype(np.float64), PROBABILITY_CLIP, 1.0 - PROBABILITY_CLIP)).astype(np.float32)
