@@ -14,6 +14,7 @@ from typing import Any, Literal
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from scipy.special import expit
 
 from behrt_rope import config as config_lib
 from behrt_rope import schema as S
@@ -33,7 +34,7 @@ from behrt_rope.data.sequences import Sequences, load_tokens, load_vocabulary
 from behrt_rope.errors import UserError
 from behrt_rope.evaluation.sparse_time import DEFAULT_BINS, DEFAULT_C, SELECT_C, Bins
 from behrt_rope.model.config import HEAD_FIELDS, ModelConfig
-from behrt_rope.model.heads import load_encoder_weights, pos_weight_from_counts
+from behrt_rope.model.heads import BehrtForMultiLabel, load_encoder_weights, pos_weight_from_counts
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle, save_bundle, task_state_dict
 from behrt_rope.training.chain_pairs import PAIR_CORRELATION
@@ -46,7 +47,6 @@ from behrt_rope.training.distillation_choice import (
     WeightChoice,
     candidate_weights,
     choose_weight,
-    deep_tuning_probs,
     path_leads,
     room_for_another,
 )
@@ -58,6 +58,7 @@ from behrt_rope.training.state_path_fit import MAX_EPOCHS as STATE_PATH_EPOCHS
 from behrt_rope.training.tasks import MultiLabelTask
 from behrt_rope.training.teacher import Teacher, choose_teacher
 from behrt_rope.training.trainer import budget_left, build_trainer, resume_path, time_budget
+from behrt_rope.training.tuning_logits import TuningLogits
 
 log = logging.getLogger("behrt_rope.finetune")
 MONITORS = {"loss": ("val/loss", "min"), "macro_ap": ("val/macro_ap", "max")}
@@ -243,20 +244,15 @@ def run(config: Config) -> Path:
         has_path = task.model.sparse_time is not None
         weights = candidate_weights(config.sparse_time_distillation, has_path, len(tuning.y) > 0)
         task.path_distillation = weights[0]  # the first run's weight; each further one gets a task of its own
-        runs, lead, chains = _train_candidates(config, weights, new_task, task, out, train, tuning, stage_started)
-        chosen, choice_report = _choose_run(runs, weights, tuning, lead)
+        runs, lead, chains, scores = _train_candidates(
+            config, weights, new_task, task, out, train, tuning, stage_started
+        )
+        chosen, choice_report = _choose_run(runs, weights, scores, lead)
         task, trainer = chosen.task, chosen.trainer
-        val_loader = chosen.val_loader
-        shares = {}
-        device = trainer.strategy.root_device
-        if task.model.sparse_time is not None:
-            shares = set_path_share(task.model, tuning.seqs, tuning.samples, tuning.y, config.sparse_time_share, device)
-        if chains is not None:
-            shares["state_path"] = chains
-            if chains.get("fitted"):
-                shares["state_path"].update(set_state_path_share(task.model, tuning, config.state_path_share, device))
-        # every rank validates (a collective under DDP); only rank 0 writes
-        val = trainer.validate(task, val_loader, verbose=False)[0] if val_loader is not None else {}
+        shares = _set_shares(config, task.model, chosen.distillation, chains, scores, tuning.y)
+        tuning_report = {"tuning_macro_ap": float("nan"), "tuning_loss": float("nan")}
+        if scores is not None:
+            tuning_report = scores.report(task.model, chosen.distillation, task.pos_weight)
         if trainer.is_global_zero:
             metrics = {
                 "task": config.task.name,
@@ -265,8 +261,7 @@ def run(config: Config) -> Path:
                 "label_codes": [tokens[i] for i in label_ids],
                 "train_samples": len(train.y),
                 "tuning_samples": len(tuning.y),
-                "tuning_macro_ap": round(float(val.get("val/macro_ap", "nan")), 5),
-                "tuning_loss": round(float(val.get("val/loss", "nan")), 5),
+                **tuning_report,
                 **chosen.report,
                 "stage_seconds": round(time.monotonic() - stage_started, 1),
                 **path_report,
@@ -321,61 +316,67 @@ def _train_candidates(
     train: SplitData,
     tuning: SplitData,
     stage_started: float,
-) -> tuple[list[DeepRun], PathLead | None, dict[str, Any] | None]:
+) -> tuple[list[DeepRun], PathLead | None, dict[str, Any] | None, TuningLogits | None]:
     """Train the deep part once per distillation weight (``training.distillation_choice``): the first in
     ``out`` from ``first`` (encoder and path loaded), each further one in ``out/distillation_W`` from the same
-    start and seed, when the first training's deep part trails the teacher on the tuning split (the
-    :class:`PathLead`, also returned; None with one weight) and what is left of the time budget is at least as
-    long as the first run took. The state path's chains are fitted right after the first training (their
+    start and seed, when what is left of the time budget is at least as long as the first run took and the first
+    training's deep part trails the teacher on the tuning split (the :class:`PathLead`, also returned; None with
+    one weight or without room). The state path's chains are fitted right after the first training (their
     report is returned, None without a state path; their share is left at 0) and, with
-    ``state_path_teacher``, join the teacher (:mod:`~behrt_rope.training.teacher`)."""
+    ``state_path_teacher``, join the teacher (:mod:`~behrt_rope.training.teacher`). Also returned: the tuning
+    split's logits of every part and run (None without tuning samples), scored once for all the choices."""
     start = {k: v.detach().clone() for k, v in first.state_dict().items()}
     runs = [_train_deep(config, first, new_task, out, train, tuning, stage_started, config.resume)]
     chains = _fit_chains(config, runs[0], train, tuning, stage_started)
     model, device = runs[0].task.model, runs[0].trainer.strategy.root_device
-    if chains is not None and chains.get("fitted"):  # later runs start from the fitted chains
+    fitted = chains is not None and bool(chains.get("fitted"))
+    if fitted:  # later runs start from the fitted chains
         start.update({k: v.detach().clone() for k, v in runs[0].task.state_dict().items() if ".state_path." in k})
-    teacher = None
-    if len(weights) > 1:
-        with_states = config.state_path_teacher and chains is not None and bool(chains.get("fitted"))
-        teacher = choose_teacher(model, tuning, device, with_states)
-        if chains is not None:
-            chains["distillation_teacher"] = teacher.report
-    lead = _path_lead(runs[0], tuning, teacher) if teacher is not None else None
+    scores = TuningLogits.score(model, tuning, device, runs[0].distillation, fitted) if len(tuning.y) else None
+    if len(weights) == 1 or scores is None:
+        return runs, None, chains, scores
+    left = budget_left(config.trainer, stage_started)
+    if not runs[0].trainer.strategy.broadcast(room_for_another(left, runs[0].report["train_seconds"]), src=0):
+        log.info(
+            "finetune: no training at sparse_time_distillation=%s: %.1f minutes of the budget left, the first "
+            "training took %.1f (trainer.max_minutes)",
+            ", ".join(f"{w:g}" for w in weights[1:]),
+            (left or 0.0) / 60,
+            runs[0].report["train_seconds"] / 60,
+        )
+        return runs, None, chains, scores
+    teacher = choose_teacher(scores, config.state_path_teacher and fitted)
+    if chains is not None:
+        chains["distillation_teacher"] = teacher.report
+    lead = _path_lead(runs[0], scores, teacher)
+    if not lead.path_leads:
+        log.info(
+            "finetune: no training at sparse_time_distillation=%s: the deep part trained on labels alone scores "
+            "tuning macro AP %.4f, its teacher %.4f; distilling the weaker learner into the stronger one does not "
+            "help",
+            ", ".join(f"{w:g}" for w in weights[1:]),
+            lead.deep_macro_ap,
+            lead.path_macro_ap,
+        )
+        return runs, lead, chains, scores
     for weight in weights[1:]:
-        if lead is not None and not lead.path_leads:
-            log.info(
-                "finetune: no training at sparse_time_distillation=%g: the deep part trained on labels alone "
-                "scores tuning macro AP %.4f, the path alone %.4f; distilling the weaker learner into the "
-                "stronger one does not help",
-                weight,
-                lead.deep_macro_ap,
-                lead.path_macro_ap,
-            )
-            break
-        left = budget_left(config.trainer, stage_started)
-        fits = bool(runs[0].trainer.strategy.broadcast(room_for_another(left, runs[0].report["train_seconds"]), src=0))
-        if not fits:
-            log.info(
-                "finetune: no training at sparse_time_distillation=%g: %.1f minutes of the budget left, the first "
-                "training took %.1f (trainer.max_minutes)",
-                weight,
-                (left or 0.0) / 60,
-                runs[0].report["train_seconds"] / 60,
-            )
-            break
+        if weight != weights[1]:
+            left = budget_left(config.trainer, stage_started)
+            fits = room_for_another(left, runs[0].report["train_seconds"])
+            if not runs[0].trainer.strategy.broadcast(fits, src=0):
+                break
         pl.seed_everything(config.trainer.seed, workers=True, verbose=False)
         task = new_task(weight)
         task.load_state_dict(start)
         where = out / f"distillation_{weight:g}"
         resume = "last" if config.resume and (where / S.CHECKPOINT_DIR / S.LAST_CHECKPOINT).exists() else ""
-        assert teacher is not None
         train.dataset.teacher = teacher.logits(model, train, device)  # type: ignore[attr-defined]
         try:
             runs.append(_train_deep(config, task, new_task, where, train, tuning, stage_started, resume))
         finally:
             train.dataset.teacher = None  # type: ignore[attr-defined]
-    return runs, lead, chains
+        scores.add_run(runs[-1].task.model, tuning, device, weight)
+    return runs, lead, chains, scores
 
 
 def _fit_chains(
@@ -400,11 +401,37 @@ def _fit_chains(
     )
 
 
-def _path_lead(run: DeepRun, tuning: SplitData, teacher: Teacher) -> PathLead:
+def _path_lead(run: DeepRun, scores: TuningLogits, teacher: Teacher) -> PathLead:
     """The first training's deep part against the teacher on the tuning split (rank 0's, so that every DDP
     rank decides alike)."""
-    deep = deep_tuning_probs(run.task.model, tuning.seqs, tuning.samples, run.trainer.strategy.root_device)
-    return run.trainer.strategy.broadcast(path_leads(tuning.y, deep, teacher.tuning_probs), src=0)
+    deep = expit(scores.deep[run.distillation])
+    return run.trainer.strategy.broadcast(path_leads(scores.y, deep, teacher.tuning_probs), src=0)
+
+
+def _set_shares(
+    config: Config,
+    model: BehrtForMultiLabel,
+    weight: float,
+    chains: dict[str, Any] | None,
+    scores: TuningLogits | None,
+    y: np.ndarray,
+) -> dict[str, Any]:
+    """Set the sparse time path's share, then the state path's (``model``'s deep part: the run at ``weight``);
+    what ``metrics.json`` records of them (the chains' fit report joins the state path's)."""
+    shares: dict[str, Any] = {}
+    if model.sparse_time is not None:
+        deep, path = (scores.deep[weight], scores.path) if scores is not None else (None, None)
+        shares = set_path_share(model, config.sparse_time_share, y, deep, path)
+    if chains is not None:
+        shares["state_path"] = chains
+        if chains.get("fitted"):
+            assert scores is not None  # chains are fitted only with tuning samples
+            base = scores.model_logits(model, weight)  # the state path's share is still 0
+            patients = scores.patients
+            shares["state_path"].update(
+                set_state_path_share(model, config.state_path_share, scores.y, patients, base, scores.states)
+            )
+    return shares
 
 
 def _train_deep(
@@ -450,22 +477,17 @@ def _train_deep(
 
 
 def _choose_run(
-    runs: list[DeepRun], weights: tuple[float, ...], tuning: SplitData, lead: PathLead | None
+    runs: list[DeepRun], weights: tuple[float, ...], scores: TuningLogits | None, lead: PathLead | None
 ) -> tuple[DeepRun, dict]:
     """The run kept by :func:`~behrt_rope.training.distillation_choice.choose_weight` from the deep parts'
     tuning scores, and what ``metrics.json`` records of the choice (nothing to choose with one weight set)."""
-    if len(weights) == 1:
-        return runs[0], {"sparse_time_distillation": weights[0]}
+    if len(weights) == 1 or scores is None:
+        return runs[0], {"sparse_time_distillation": runs[0].distillation}
     if len(runs) == 1 and lead is not None:  # one training: nothing to compare, its score is the path check's
         choice = WeightChoice(runs[0].distillation, {runs[0].distillation: lead.deep_macro_ap}, {})
     else:
-        probs = {
-            run.distillation: deep_tuning_probs(
-                run.task.model, tuning.seqs, tuning.samples, run.trainer.strategy.root_device
-            )
-            for run in runs
-        }
-        choice = choose_weight(tuning.y, probs, tuning.samples.rows)
+        probs = {run.distillation: expit(scores.deep[run.distillation]) for run in runs}
+        choice = choose_weight(scores.y, probs, scores.patients)
     tried = [run.distillation for run in runs]
     chosen = runs[tried.index(choice.weight)]
     log.info(

@@ -18,10 +18,9 @@ from behrt_rope.training.distillation_choice import (
     PREFERRED_WEIGHT,
     PathLead,
     choose_weight,
-    deep_and_path_tuning_probs,
     path_leads,
 )
-from behrt_rope.training.inference import multilabel_model
+from behrt_rope.training.inference import multilabel_model, score_parts
 from behrt_rope.training.tasks import macro_average_precision
 from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, build_etl, error_line, read_metrics
 
@@ -42,8 +41,8 @@ def _saved_parts_tuning_ap(etl: Path, out: Path) -> tuple[float, float]:
     seqs = load_tokens(etl).split(S.TUNING)
     samples = build_samples(seqs, TaskConfig(min_label_count=2))
     y = targets(seqs, samples, label_index(bundle["label_token_ids"], len(bundle["vocab"])))
-    deep, path = deep_and_path_tuning_probs(multilabel_model(bundle), seqs, samples)
-    return round(macro_average_precision(y, deep), 5), round(macro_average_precision(y, path), 5)
+    parts = score_parts(multilabel_model(bundle), seqs, samples.rows, samples.cuts, parts=("deep", "path"))
+    return round(macro_average_precision(y, parts["deep"]), 5), round(macro_average_precision(y, parts["path"]), 5)
 
 
 def _gate(monkeypatch: pytest.MonkeyPatch, forced: PathLead) -> list[PathLead]:
@@ -101,7 +100,9 @@ def test_where_the_first_deep_part_leads_the_path_it_stands_without_a_second_tra
     assert metrics["sparse_time_distillation"] == 0.0
     assert choice["weights_tried"] == [0.0] and choice["weights_not_tried"] == [0.8]
     assert choice["first_training_against_path"] == {"deep_macro_ap": 0.3, "path_macro_ap": 0.2, "path_leads": False}
-    assert not (out / "distillation_0.8").exists() and budget_asked == []  # decided before the budget is asked
+    assert not (out / "distillation_0.8").exists()
+    (left,) = budget_asked  # the budget is asked first: without room, no teacher is chosen
+    assert left is not None and 0 < left <= 12 * 60
 
 
 def test_without_room_in_the_time_budget_the_first_run_stands(
@@ -114,14 +115,17 @@ def test_without_room_in_the_time_budget_the_first_run_stands(
         return False
 
     monkeypatch.setattr("pipelines.finetune.room_for_another", no_room)
-    _gate(monkeypatch, PathLead(0.1, 0.2))
+    lead_checks = _gate(monkeypatch, PathLead(0.1, 0.2))
     out = tmp_path / "ft"
     assert _finetune(etl, out) == 0
     metrics = read_metrics(out)
+    choice = metrics["distillation_choice"]
     assert metrics["sparse_time_distillation"] == 0.0
-    assert metrics["distillation_choice"]["weights_tried"] == [0.0]
-    assert metrics["distillation_choice"]["weights_not_tried"] == [0.8]
+    assert choice["weights_tried"] == [0.0] and choice["weights_not_tried"] == [0.8]
     assert not (out / "distillation_0.8").exists()
+    # no teacher chosen and no lead check: both score the tuning split, time the budget no longer has
+    assert lead_checks == [] and choice["first_training_against_path"] is None
+    assert choice["tuning_deep_macro_ap"]["0"] == pytest.approx(_saved_parts_tuning_ap(etl, out)[0], abs=2e-5)
     ((left, first_seconds),) = seen
     assert 0 < left <= 12 * 60 and first_seconds == metrics["train_seconds"]  # the default 12-minute budget
 

@@ -13,6 +13,7 @@ from behrt_rope.evaluation.metrics import (
     bootstrap_ci,
     bootstrap_counts,
     bootstrap_replicates,
+    macro_ap_and_replicates,
     per_code_table,
     per_column_scores,
     percentile_interval,
@@ -99,6 +100,22 @@ def test_pooled_scores_equal_sklearn_with_ties(seed: int, n: int, masked: bool) 
         return
     assert summary["micro_ap"] == pytest.approx(average_precision_score(yp, sp))
     assert summary["micro_auroc"] == pytest.approx(roc_auc_score(yp, sp))
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 40), clustered=st.booleans())
+def test_macro_ap_alone_has_the_full_summarys_value_and_replicates(seed: int, n: int, clustered: bool) -> None:
+    """The choices on the tuning split read macro AP only: the lighter function gives the same point estimate
+    and the same resamples as the full summary, ties, undefined codes and patient clusters included."""
+    rng = np.random.default_rng(seed)
+    y = rng.random((n, 4)) < rng.uniform(0.05, 0.95)
+    score = rng.random((n, 4)).round(int(rng.integers(0, 3)))
+    clusters = rng.integers(0, max(1, n // 3), n) if clustered else None
+    summary, reps = summary_and_replicates(y, score, None, n_bootstrap=5, seed=seed, clusters=clusters)
+    point, replicates = macro_ap_and_replicates(y, score, n_bootstrap=5, seed=seed, clusters=clusters)
+    np.testing.assert_allclose(point, summary["macro_ap"], equal_nan=True)
+    np.testing.assert_allclose(replicates, reps["macro_ap"], equal_nan=True)
+    assert replicates.shape == (5,)
 
 
 def test_masked_metrics_equal_sklearn_on_selected_pairs() -> None:

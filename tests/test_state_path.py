@@ -24,6 +24,8 @@ from behrt_rope.training.inference import multilabel_model, score_parts
 from behrt_rope.training.loaders import SplitData
 from behrt_rope.training.sparse_time_fit import logit
 from behrt_rope.training.state_path_fit import SHARE_GRID, _train, fit_state_path
+from behrt_rope.training.tasks import macro_average_precision
+from behrt_rope.training.tuning_logits import TuningLogits
 from pipelines.finetune import Config, run
 from tests.fixtures_training import build_finetuned, read_metrics
 
@@ -127,6 +129,31 @@ def test_finetune_fits_the_path_and_keeps_the_share_tuning_scores_best(fitted: t
     fresh = StatePath(model.config.vocab_size, model.num_labels, 2, copies=2)
     model.state_path.chains.load_state_dict(fresh.chains.state_dict())
     assert not np.allclose(score_parts(model, tuning, parts=("states",))["states"], parts["states"], atol=1e-3)
+
+
+def test_the_tuning_figures_finetune_records_are_the_saved_models(fitted: tuple[Path, Path]):
+    """``finetune`` scores the tuning split once per run and derives its choices and their report from those
+    logits (training/tuning_logits.py): the figures it records are the saved model's, scored afresh."""
+    root, model_dir = fitted
+    metrics = read_metrics(model_dir)
+    bundle = load_bundle(model_dir, "multilabel")
+    model = multilabel_model(bundle)
+    tuning = _split(root, bundle, S.TUNING)
+    probs = score_parts(model, tuning.seqs, tuning.samples.rows, tuning.samples.cuts)["model"]
+    assert metrics["tuning_macro_ap"] == pytest.approx(macro_average_precision(tuning.y, probs), abs=2e-5)
+    p = np.clip(probs.astype(np.float64), 1e-12, 1 - 1e-12)
+    assert metrics["tuning_loss"] == pytest.approx(
+        -np.mean(tuning.y * np.log(p) + (1 - tuning.y) * np.log1p(-p)), rel=1e-3
+    )
+    # the cache mixes its parts as the model does, at the shares the model carries
+    scores = TuningLogits.score(model, tuning, torch.device("cpu"), 0.0, with_states=True)
+    assert scores.path is not None and scores.states is not None and set(scores.deep) == {0.0}
+    np.testing.assert_allclose(1 / (1 + np.exp(-scores.model_logits(model, 0.0))), probs, atol=1e-5)
+    report = scores.report(model, 0.0, None)
+    assert report["tuning_macro_ap"] == pytest.approx(metrics["tuning_macro_ap"], abs=2e-5)
+    assert report["tuning_loss"] == pytest.approx(metrics["tuning_loss"], abs=2e-5)
+    # positives weighed up raise the loss of a model that misses some of them
+    assert scores.report(model, 0.0, torch.full((model.num_labels,), 5.0))["tuning_loss"] > report["tuning_loss"]
 
 
 def _scored_batch(seqs, model: BehrtForMultiLabel) -> tuple[torch.Tensor, ...]:

@@ -26,6 +26,7 @@ from behrt_rope.training.clear_gain import ClearChoice
 from behrt_rope.training.distillation_choice import PathLead
 from behrt_rope.training.inference import multilabel_model, score_parts
 from behrt_rope.training.teacher import choose_teacher
+from behrt_rope.training.tuning_logits import TuningLogits
 from pipelines.finetune import _split_data
 from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, build_etl, read_metrics
 
@@ -84,26 +85,21 @@ def test_the_state_path_joins_the_teacher_only_when_clearly_better(monkeypatch: 
     noise = rng.normal(size=(n, labels)).astype(np.float32)
     informative = (3.0 * y - 1.5 + 0.5 * rng.normal(size=(n, labels))).astype(np.float32)
 
-    class Split:
-        samples = type("S", (), {"rows": np.arange(n)})()
+    def tuning(path: np.ndarray, states: np.ndarray) -> TuningLogits:
+        return TuningLogits(y, np.arange(n), path, states, {0.0: noise})
 
-    Split.y = y  # type: ignore[attr-defined]
-
-    class Model:
-        state_path = object()
-
-    def logits_of(path: np.ndarray, states: np.ndarray):
-        return lambda model, split, device, with_states: (path, states if with_states else None)
-
-    monkeypatch.setattr(teacher_module, "_path_logits", logits_of(noise, informative))
-    taught = choose_teacher(Model(), Split(), torch.device("cpu"), with_states=True)  # type: ignore[arg-type]
+    taught = choose_teacher(tuning(noise, informative), with_states=True)
     assert taught.share > 0 and taught.report["state_path_share"] == taught.share
     assert taught.report["over_share_0"][f"{taught.share:g}"]["low"] > 0
-    mixed = taught.logits(Model(), Split(), torch.device("cpu"))  # type: ignore[arg-type]
+    mixed_probs = 1 / (1 + np.exp(-((1 - taught.share) * noise + taught.share * informative)))
+    np.testing.assert_allclose(taught.tuning_probs, mixed_probs, rtol=1e-5)
+    # on another split the teacher mixes that split's logits at the share it chose
+    monkeypatch.setattr(teacher_module, "_path_logits", lambda model, split, device, with_states: (noise, informative))
+    mixed = taught.logits(None, None, torch.device("cpu"))  # type: ignore[arg-type]
     np.testing.assert_allclose(mixed, (1 - taught.share) * noise + taught.share * informative, rtol=1e-6)
-    monkeypatch.setattr(teacher_module, "_path_logits", logits_of(informative, noise))  # the states only blur it
-    assert choose_teacher(Model(), Split(), torch.device("cpu"), with_states=True).share == 0.0  # type: ignore[arg-type]
-    assert choose_teacher(Model(), Split(), torch.device("cpu"), with_states=False).share == 0.0  # type: ignore[arg-type]
+    assert choose_teacher(tuning(informative, noise), with_states=True).share == 0.0  # the states only blur it
+    alone = choose_teacher(tuning(noise, informative), with_states=False)
+    assert alone.share == 0.0 and alone.report == {"state_path_share": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +135,8 @@ def test_finetune_fits_the_chains_first_and_distills_the_chosen_teacher(
     train_seqs = load_tokens(etl).split(S.TRAIN)
     task = TaskConfig(min_label_count=2)
     train = _split_data(train_seqs, task, label_index(bundle["label_token_ids"], len(bundle["vocab"])), "visit")
-    probs = score_parts(model, train.seqs, train.samples.rows, train.samples.cuts, parts=("path", "states"))
-    logit = {k: np.log(np.clip(p, 1e-6, 1 - 1e-6)) - np.log1p(-np.clip(p, 1e-6, 1 - 1e-6)) for k, p in probs.items()}
+    rows, cuts = train.samples.rows, train.samples.cuts
+    logit = score_parts(model, train.seqs, rows, cuts, parts=("path", "states"), logits=True)
     expected = 0.5 * logit["path"] + 0.5 * logit["states"]  # (N, L) in the samples' order
     taught = torch.cat(seen).numpy()  # one epoch: every train sample once, in batch order
     assert taught.shape == expected.shape == (len(build_samples(train_seqs, task).rows), len(bundle["labels"]))

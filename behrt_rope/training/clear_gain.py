@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from behrt_rope.evaluation.metrics import percentile_interval, summary_and_replicates
+from behrt_rope.evaluation.metrics import macro_ap_and_replicates, percentile_interval
 from behrt_rope.training.tasks import macro_average_precision
 
 CHOICE_LEVEL = 0.90
@@ -53,10 +53,7 @@ def choose_clearly_better(
     0.0
     """
     exact = {w: macro_average_precision(y, p) for w, p in probs.items()}
-    replicates = {
-        w: summary_and_replicates(y, p, None, n_bootstrap, seed, clusters=patients)[1]["macro_ap"]
-        for w, p in probs.items()
-    }
+    replicates = {w: macro_ap_and_replicates(y, p, n_bootstrap, seed, patients)[1] for w, p in probs.items()}
     over = {}
     for w in probs:
         if w != reference:

@@ -27,14 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from behrt_rope.data.labels import Samples
-from behrt_rope.data.sequences import Sequences
 from behrt_rope.errors import UserError
-from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.training.clear_gain import choose_clearly_better
-from behrt_rope.training.inference import score_parts
 from behrt_rope.training.tasks import macro_average_precision
 
 DISTILLATION_GRID = (0.0, 0.8)
@@ -68,21 +63,6 @@ def room_for_another(seconds_left: float | None, first_run_seconds: float) -> bo
     (True, True, False)
     """
     return seconds_left is None or seconds_left >= first_run_seconds
-
-
-def deep_tuning_probs(
-    model: BehrtForMultiLabel, seqs: Sequences, samples: Samples, device: torch.device | None = None
-) -> np.ndarray:
-    """``(N, L)`` probabilities of the deep part alone (the path left out) for the tuning ``samples`` of ``seqs``."""
-    return score_parts(model, seqs, samples.rows, samples.cuts, device=device, parts=("deep",))["deep"]
-
-
-def deep_and_path_tuning_probs(
-    model: BehrtForMultiLabel, seqs: Sequences, samples: Samples, device: torch.device | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(N, L)`` probabilities of the deep part alone and of the path alone for the tuning ``samples`` of ``seqs``."""
-    parts = score_parts(model, seqs, samples.rows, samples.cuts, device=device, parts=("deep", "path"))
-    return parts["deep"], parts["path"]
 
 
 @dataclass(frozen=True)

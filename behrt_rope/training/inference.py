@@ -73,13 +73,14 @@ def score_parts(
     device: torch.device | None = None,
     progress: bool = False,
     parts: tuple[Part, ...] = ("model",),
+    logits: bool = False,
 ) -> dict[Part, np.ndarray]:
-    """:func:`score` for several ``parts`` in one pass: ``{part: (N, L) float32 probabilities}``. The encoder
-    runs once per batch whatever the parts (the model's logit is the mix of the deep part's and the path's,
-    as in :meth:`BehrtForMultiLabel.forward`). Leaves ``model`` on ``device``, in eval mode, its tensors
-    ordinary ones: it is moved outside inference mode (which covers only the forward passes), so that it
-    can still be changed afterwards (e.g. ``finetune`` setting the path's share on a model it just scored
-    on the GPU)."""
+    """:func:`score` for several ``parts`` in one pass: ``{part: (N, L) float32 probabilities}`` (their logits
+    with ``logits``). The encoder runs once per batch whatever the parts (the model's logit is the mix of the
+    deep part's and the paths', as in :meth:`BehrtForMultiLabel.mix_logits`). Leaves ``model`` on ``device``,
+    in eval mode, its tensors ordinary ones: it is moved outside inference mode (which covers only the forward
+    passes), so that it can still be changed afterwards (e.g. ``finetune`` setting the path's share on a model
+    it just scored on the GPU)."""
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise ValueError(f"part must be one of {PARTS}, got {unknown[0]!r}")
@@ -95,10 +96,11 @@ def score_parts(
         index = order[start : start + batch_size]
         batch = {k: v.to(device) for k, v in collate([dataset[int(i)] for i in index]).items()}
         with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = _part_logits(model, parts, batch)
+            scores = _part_logits(model, parts, batch)
         ids = _sample_ids(dataset, index)
         for part in parts:
-            out[part][ids] = torch.sigmoid(logits[part].float()).cpu().numpy()
+            part_scores = scores[part].float()
+            out[part][ids] = (part_scores if logits else torch.sigmoid(part_scores)).cpu().numpy()
     return out
 
 

@@ -28,7 +28,6 @@ from behrt_rope.evaluation.sparse_time import (
 )
 from behrt_rope.evaluation.time_features import TimeFeatures, time_features
 from behrt_rope.model.heads import BehrtForMultiLabel
-from behrt_rope.training.inference import score_parts
 from behrt_rope.training.tasks import macro_average_precision
 
 log = logging.getLogger("behrt_rope.finetune")
@@ -101,19 +100,19 @@ def _path_c(
 
 def set_path_share(
     model: BehrtForMultiLabel,
-    seqs: Sequences,
-    samples: Samples,
-    y: np.ndarray,
     share: float | None,
-    device: torch.device | None = None,
+    y: np.ndarray,
+    deep: np.ndarray | None = None,
+    path: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Set the path's share of the logit: ``share``, or the best of :data:`SHARE_GRID` on the tuning
-    ``samples`` of ``seqs`` (``y`` their targets; deterministic, so every DDP rank sets the same; 0.5 without
-    samples). Returns what ``metrics.json`` records."""
+    """Set the path's share of the logit: ``share``, or the best of :data:`SHARE_GRID` on the tuning samples
+    (``y`` their ``(N, L)`` targets, ``deep`` and ``path`` the ``(N, L)`` logits of the deep part and of the path
+    there; deterministic, so every DDP rank sets the same; 0.5 without samples). Returns what ``metrics.json``
+    records."""
     assert model.sparse_time is not None
     if share is None and len(y):
-        probs = score_parts(model, seqs, samples.rows, samples.cuts, device=device, parts=("deep", "path"))
-        deep, path = logit(probs["deep"]), logit(probs["path"])
+        if deep is None or path is None:
+            raise ValueError("choosing the sparse time path's share needs the tuning logits of the deep part and path")
         scores = choose_share(deep, path, y)
         share = max(scores, key=lambda w: (scores[w], -abs(w - 0.5)))  # ties: the more even mix
         log.info("finetune: sparse time path share %.2f (macro AP on the tuning split by share: %s)", share, scores)

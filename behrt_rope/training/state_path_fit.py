@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from scipy.special import expit
 from tqdm.auto import tqdm
@@ -29,7 +30,6 @@ from behrt_rope.training.chain_pairs import PAIR_CORRELATION, paired_chains
 from behrt_rope.training.clear_gain import CHOICE_LEVEL, choose_clearly_better
 from behrt_rope.training.inference import score_parts
 from behrt_rope.training.loaders import SplitData
-from behrt_rope.training.sparse_time_fit import logit
 from behrt_rope.training.tasks import macro_average_precision
 
 log = logging.getLogger("behrt_rope.finetune")
@@ -122,7 +122,7 @@ def fit_state_path(
         return {**report, "share": 0.0, "seconds": round(time.monotonic() - started, 1)}
     path.use_copies(fitted)
     report["tuning_macro_ap_alone"] = round(_states_macro_ap(model, tuning, device), 5)
-    report.update(set_state_path_share(model, tuning, share, device) if choose_share else {"share": 0.0})
+    report.update(_choose_share(model, tuning, share, device) if choose_share else {"share": 0.0})
     report["seconds"] = round(time.monotonic() - started, 1)
     log.info(
         "finetune: state path fitted in %.0f s (%d of %d sets, %d epochs: tuning macro AP %.4f alone), share %.2f",
@@ -236,6 +236,17 @@ def _train(
     return _SetFit(best, epoch, stop, epoch_seconds)
 
 
+def _choose_share(
+    model: BehrtForMultiLabel, tuning: SplitData, share: float | None, device: torch.device
+) -> dict[str, Any]:
+    """:func:`set_state_path_share` on ``tuning``, scored here (the model's logit without the chains, and theirs)."""
+    assert model.state_path is not None
+    model.state_path.set_share(0.0)
+    rows, cuts = tuning.samples.rows, tuning.samples.cuts
+    logits = score_parts(model, tuning.seqs, rows, cuts, device=device, parts=("model", "states"), logits=True)
+    return set_state_path_share(model, share, tuning.y, rows, logits["model"], logits["states"])
+
+
 def _states_macro_ap(model: BehrtForMultiLabel, tuning: SplitData, device: torch.device) -> float:
     """Tuning macro AP of the state path alone, as its ``copy_weight`` stands."""
     states = score_parts(model, tuning.seqs, tuning.samples.rows, tuning.samples.cuts, device=device, parts=("states",))
@@ -243,23 +254,28 @@ def _states_macro_ap(model: BehrtForMultiLabel, tuning: SplitData, device: torch
 
 
 def set_state_path_share(
-    model: BehrtForMultiLabel, tuning: SplitData, share: float | None, device: torch.device
+    model: BehrtForMultiLabel,
+    share: float | None,
+    y: np.ndarray,
+    patients: np.ndarray,
+    base: np.ndarray | None = None,
+    states: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Set the state path's share: ``share``, or 0 unless a share of :data:`SHARE_GRID` is clearly better on the
-    tuning split (:func:`~behrt_rope.training.clear_gain.choose_clearly_better`). Macro AP ranks each label's
-    samples only, so a path that adds nothing can still win the point estimates by noise while its share
-    pulls the model's logits toward its own (a calibration cost AP does not see)."""
+    tuning split (:func:`~behrt_rope.training.clear_gain.choose_clearly_better`; ``y`` its ``(N, L)`` targets,
+    ``patients`` ``(N,)`` each sample's patient, ``base`` and ``states`` the ``(N, L)`` logits there of the model
+    without the state path and of the state path alone). Macro AP ranks each label's samples only, so a path that
+    adds nothing can still win the point estimates by noise while its share pulls the model's logits toward its
+    own (a calibration cost AP does not see)."""
     assert model.state_path is not None
     if share is not None:
         model.state_path.set_share(share)
         return {"share": share}
+    if base is None or states is None:
+        raise ValueError("choosing the state path's share needs the tuning logits of the model and the state path")
     model.state_path.set_share(0.0)
-    probs = score_parts(
-        model, tuning.seqs, tuning.samples.rows, tuning.samples.cuts, device=device, parts=("model", "states")
-    )
-    base, states = logit(probs["model"]), logit(probs["states"])
     mixes = {w: expit((1 - w) * base + w * states) for w in SHARE_GRID}  # (N, L) probabilities
-    choice = choose_clearly_better(tuning.y, mixes, tuning.samples.rows, reference=0.0)
+    choice = choose_clearly_better(y, mixes, patients, reference=0.0)
     model.state_path.set_share(choice.chosen)
     over = {
         f"{w:g}": dict(zip(("difference", "low", "high"), v, strict=True)) for w, v in choice.over_reference.items()

@@ -26,8 +26,8 @@ from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.training.clear_gain import CHOICE_LEVEL, choose_clearly_better
 from behrt_rope.training.inference import Part, score_parts
 from behrt_rope.training.loaders import SplitData
-from behrt_rope.training.sparse_time_fit import logit
 from behrt_rope.training.state_path_fit import SHARE_GRID
+from behrt_rope.training.tuning_logits import TuningLogits
 
 log = logging.getLogger("behrt_rope.finetune")
 
@@ -47,15 +47,16 @@ class Teacher:
         return path if states is None else ((1 - self.share) * path + self.share * states).astype(np.float32)
 
 
-def choose_teacher(model: BehrtForMultiLabel, tuning: SplitData, device: torch.device, with_states: bool) -> Teacher:
-    """The teacher of ``model``: its sparse time path and, ``with_states`` (its state path fitted), the state
-    path at the share chosen on ``tuning``."""
-    with_states = with_states and model.state_path is not None and len(tuning.y) > 0
-    path, states = _path_logits(model, tuning, device, with_states)
-    if states is None:
+def choose_teacher(tuning: TuningLogits, with_states: bool) -> Teacher:
+    """The teacher from the tuning split's logits of the frozen paths: the sparse time path and, ``with_states``
+    (the state path fitted and scored in ``tuning``), the state path at the share chosen on them."""
+    path, states = tuning.path, tuning.states if with_states else None
+    if path is None:
+        raise ValueError("the distillation teacher needs the sparse time path's tuning logits (model.sparse_time)")
+    if states is None or not len(tuning.y):
         return Teacher(0.0, {"state_path_share": 0.0}, expit(path))
     mixes = {t: expit((1 - t) * path + t * states) for t in SHARE_GRID}
-    choice = choose_clearly_better(tuning.y, mixes, tuning.samples.rows, reference=0.0)
+    choice = choose_clearly_better(tuning.y, mixes, tuning.patients, reference=0.0)
     over = {
         f"{t:g}": dict(zip(("difference", "low", "high"), v, strict=True)) for t, v in choice.over_reference.items()
     }
@@ -79,6 +80,6 @@ def _path_logits(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``(N, L)`` float32 logits of the sparse time path and (``with_states``) of the state path."""
     parts: tuple[Part, ...] = ("path", "states") if with_states else ("path",)
-    probs = score_parts(model, split.seqs, split.samples.rows, split.samples.cuts, device=device, parts=parts)
-    logits = {part: logit(p).astype(np.float32) for part, p in probs.items()}
+    samples = split.samples
+    logits = score_parts(model, split.seqs, samples.rows, samples.cuts, device=device, parts=parts, logits=True)
     return logits["path"], logits.get("states")
