@@ -61,6 +61,10 @@ from behrt_rope.training.trainer import budget_left, build_trainer, resume_path,
 from behrt_rope.training.tuning_logits import TuningLogits
 
 log = logging.getLogger("behrt_rope.finetune")
+AFTER_TRAINING_VALIDATIONS = 3.0
+"""Validation epochs' worth of time the trainings and the chains leave in the budget for the work after them:
+one scoring pass over the tuning split and the bootstrapped choices on it (on long histories about 10 s and
+25 s, a validation epoch about ... s; docs/benchmarks.md, "Fiftieth round")."""
 MONITORS = {"loss": ("val/loss", "min"), "macro_ap": ("val/macro_ap", "max")}
 """``select_by`` -> (logged metric, better direction)."""
 RUN_FIELDS = (*HEAD_FIELDS, "dropout", "attention_dropout")
@@ -335,7 +339,7 @@ def _train_candidates(
     scores = TuningLogits.score(model, tuning, device, runs[0].distillation, fitted) if len(tuning.y) else None
     if len(weights) == 1 or scores is None:
         return runs, None, chains, scores
-    left = budget_left(config.trainer, stage_started)
+    left = _left_after_reserve(config, stage_started, runs[0])
     if not runs[0].trainer.strategy.broadcast(room_for_another(left, runs[0].report["train_seconds"]), src=0):
         log.info(
             "finetune: no training at sparse_time_distillation=%s: %.1f minutes of the budget left, the first "
@@ -361,7 +365,7 @@ def _train_candidates(
         return runs, lead, chains, scores
     for weight in weights[1:]:
         if weight != weights[1]:
-            left = budget_left(config.trainer, stage_started)
+            left = _left_after_reserve(config, stage_started, runs[0])
             fits = room_for_another(left, runs[0].report["train_seconds"])
             if not runs[0].trainer.strategy.broadcast(fits, src=0):
                 break
@@ -389,7 +393,7 @@ def _fit_chains(
         run.task.model,
         train,
         tuning,
-        budget_left(config.trainer, stage_started),
+        _left_after_reserve(config, stage_started, run),
         config.state_path_l1,
         config.state_path_share,
         config.state_path_max_epochs,
@@ -399,6 +403,13 @@ def _fit_chains(
         config.state_path_pair_correlation,
         choose_share=False,
     )
+
+
+def _left_after_reserve(config: Config, stage_started: float, run: DeepRun) -> float | None:
+    """Seconds of the stage's budget left for more training (None: no budget), less what ``run``'s
+    :class:`~behrt_rope.training.time_budget.TimeBudget` held back for the choices after training."""
+    left = budget_left(config.trainer, stage_started)
+    return None if left is None else left - run.report.get("time_budget_reserved_seconds", 0.0)
 
 
 def _path_lead(run: DeepRun, scores: TuningLogits, teacher: Teacher) -> PathLead:
@@ -450,7 +461,7 @@ def _train_deep(
     val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
     monitor, mode = MONITORS[config.select_by]
     soup = _soup_callback(config, val_loader is not None, monitor, mode)
-    budget = time_budget(tc, stage_started)
+    budget = time_budget(tc, stage_started, AFTER_TRAINING_VALIDATIONS)
     trainer = build_trainer(
         tc, out, monitor if val_loader is not None else None, mode, train_loader, [c for c in (soup, budget) if c]
     )

@@ -47,6 +47,16 @@ class EpochTakes(pl.Callback):
         self.clock.next_epoch()
 
 
+class ValidationTakes(pl.Callback):
+    """Moves the fake clock on by ``seconds`` during every validation epoch (before the budget reads it)."""
+
+    def __init__(self, clock: FakeClock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.clock.now += self.seconds
+
+
 class Toy(pl.LightningModule):
     """A linear regression trained with the library's optimiser and schedule; records the lr of every step."""
 
@@ -65,15 +75,24 @@ class Toy(pl.LightningModule):
         optimizer, scheduler = build_optimizer(self, self.cfg, int(self.trainer.estimated_stepping_batches))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val/loss", torch.nn.functional.mse_loss(self.layer(x), y))
 
-def fit(tmp_path: Path, cfg: TrainerConfig, budget: TimeBudget | None, clock: FakeClock) -> tuple[pl.Trainer, Toy]:
+
+def fit(
+    tmp_path: Path, cfg: TrainerConfig, budget: TimeBudget | None, clock: FakeClock, validation_seconds: float = 0.0
+) -> tuple[pl.Trainer, Toy]:
+    """Train the toy; with ``validation_seconds`` it is validated after every epoch, each validation taking that
+    long on the clock."""
     data = torch.utils.data.TensorDataset(torch.randn(BATCHES * 8, 3), torch.randn(BATCHES * 8, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=8)
     toy = Toy(cfg)
     cfg.progress_bar = False
-    callbacks = [EpochTakes(clock), *([budget] if budget else [])]
+    validated = [ValidationTakes(clock, validation_seconds)] if validation_seconds else []
+    callbacks = [EpochTakes(clock), *validated, *([budget] if budget else [])]
     trainer = build_trainer(cfg, tmp_path, monitor=None, mode="min", extra_callbacks=callbacks)
-    trainer.fit(toy, loader)
+    trainer.fit(toy, loader, loader if validation_seconds else None)
     return trainer, toy
 
 
@@ -103,6 +122,7 @@ def test_a_tight_budget_ends_the_schedule_at_the_last_epoch_that_fits_and_stops_
         "time_budget_minutes": 5.5,
         "time_budget_planned_epochs": 5,
         "time_budget_stopped": True,
+        "time_budget_reserved_seconds": 0.0,
     }
     messages = [r.getMessage() for r in caplog.records]
     assert any("5 epochs fit in 5.5 minutes at 60 s per epoch" in m for m in messages), messages
@@ -137,13 +157,33 @@ def test_a_budget_spent_before_training_allows_one_epoch(tmp_path: Path, caplog:
     assert any("1.2 of 1.0 minutes were spent before training" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize(("reserve", "epochs"), [(0.0, 4), (2.0, 3)])
+def test_a_reserve_of_validations_is_held_back_for_the_work_after_training(
+    tmp_path: Path, reserve: float, epochs: int
+) -> None:
+    """Epochs of 60 s, each validated in 20 s, in 330 s: four fit; two validations' worth held back (40 s) leave
+    290 s, in which three do."""
+    clock = FakeClock(epoch_seconds=60.0)
+    budget = TimeBudget(minutes=5.5, clock=clock, reserve_validations=reserve)
+    cfg = TrainerConfig(max_epochs=20, accelerator="cpu", early_stopping_patience=0)
+    trainer, _ = fit(tmp_path, cfg, budget, clock, validation_seconds=20.0)
+    assert trainer.current_epoch == epochs and budget.planned_epochs == epochs and budget.stopped
+    assert budget.validation_seconds == 20.0
+    assert budget.report()["time_budget_reserved_seconds"] == 20.0 * reserve
+    assert budget.elapsed() + budget.reserve_seconds <= 330.0
+    with pytest.raises(ValueError, match="reserve_validations must be >= 0"):
+        TimeBudget(minutes=1.0, reserve_validations=-1.0)
+
+
 def test_the_elapsed_time_and_the_plan_survive_a_checkpoint() -> None:
     clock = FakeClock(epoch_seconds=0.0)
     budget = TimeBudget(minutes=10.0, clock=clock)
     budget._started, budget.planned_epochs = clock.now - 125.0, 7
     resumed = TimeBudget(minutes=10.0, clock=clock)
+    budget.validation_seconds = 12.5
     resumed.load_state_dict(budget.state_dict())
     assert (resumed.elapsed(), resumed.planned_epochs, resumed.stopped) == (125.0, 7, False)
+    assert resumed.validation_seconds == 12.5
 
 
 def test_a_shortened_schedule_is_saved_with_the_scheduler() -> None:

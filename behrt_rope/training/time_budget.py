@@ -13,7 +13,9 @@ estimates how many more epochs of the mean length seen so far fit in what is lef
 It never lengthens a schedule and never cuts an epoch in half, so a budget that is not tight changes nothing:
 the run is the one without a budget, epoch for epoch. The training time so far is saved in checkpoints, so a
 resumed run counts it. Time the stage spent before training (loading data, the sparse time path's fit) is
-passed as ``spent_seconds`` and counts against the budget.
+passed as ``spent_seconds`` and counts against the budget. Work the stage does after training is held back as
+``reserve_validations`` x the longest validation epoch seen: fine-tuning's choices after training score the
+same tuning split as a validation epoch does (``training/tuning_logits.py``), so their cost grows as it does.
 """
 
 from __future__ import annotations
@@ -38,22 +40,40 @@ class TimeBudget(pl.Callback):
     ``stopped`` tells whether the budget ended the run. ``clock`` (seconds) is there for tests.
     """
 
-    def __init__(self, minutes: float, spent_seconds: float = 0.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        minutes: float,
+        spent_seconds: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        reserve_validations: float = 0.0,
+    ):
         if minutes <= 0:
             raise ValueError(f"a time budget needs minutes > 0, got {minutes}")
+        if reserve_validations < 0:
+            raise ValueError(f"reserve_validations must be >= 0, got {reserve_validations}")
         self.minutes = minutes
         self.spent_seconds = spent_seconds
         self.clock = clock
+        self.reserve_validations = reserve_validations
         self.planned_epochs: int | None = None
         self.stopped = False
+        self.validation_seconds = 0.0
+        """The longest validation epoch so far (seconds)."""
         self._started: float | None = None
+        self._validation_started: float | None = None
         self._resumed_seconds = 0.0
         """Training seconds of the run this one resumed (from its checkpoint)."""
 
     @property
+    def reserve_seconds(self) -> float:
+        """The time held back for the stage's work after training: ``reserve_validations`` x the longest
+        validation epoch so far (0 before the first)."""
+        return self.reserve_validations * self.validation_seconds
+
+    @property
     def seconds(self) -> float:
-        """The budget left for training: ``minutes`` less what the stage spent before training."""
-        return self.minutes * 60.0 - self.spent_seconds
+        """The budget left for training: ``minutes`` less what the stage spent before training and the reserve."""
+        return self.minutes * 60.0 - self.spent_seconds - self.reserve_seconds
 
     def elapsed(self) -> float:
         """Seconds of training so far, the resumed run's included; 0 before training starts."""
@@ -70,6 +90,14 @@ class TimeBudget(pl.Callback):
                 self.spent_seconds / 60,
                 self.minutes,
             )
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._validation_started = self.clock()
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._validation_started is not None and not trainer.sanity_checking:
+            self.validation_seconds = max(self.validation_seconds, self.clock() - self._validation_started)
+        self._validation_started = None
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         done = trainer.current_epoch + 1  # epochs finished, this one (and a resumed run's) included
@@ -106,12 +134,18 @@ class TimeBudget(pl.Callback):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"elapsed": self.elapsed(), "planned_epochs": self.planned_epochs, "stopped": self.stopped}
+        return {
+            "elapsed": self.elapsed(),
+            "planned_epochs": self.planned_epochs,
+            "stopped": self.stopped,
+            "validation_seconds": self.validation_seconds,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resumed_seconds = float(state_dict.get("elapsed", 0.0))
         self.planned_epochs = state_dict.get("planned_epochs")
         self.stopped = bool(state_dict.get("stopped", False))
+        self.validation_seconds = float(state_dict.get("validation_seconds", 0.0))
 
     def report(self) -> dict[str, Any]:
         """What ``metrics.json`` records about the budget."""
@@ -119,6 +153,7 @@ class TimeBudget(pl.Callback):
             "time_budget_minutes": self.minutes,
             "time_budget_planned_epochs": self.planned_epochs,
             "time_budget_stopped": self.stopped,
+            "time_budget_reserved_seconds": round(self.reserve_seconds, 1),
         }
 
 

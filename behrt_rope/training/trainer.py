@@ -105,12 +105,14 @@ def weight_average(cfg: TrainerConfig) -> pl.Callback | None:
     return WeightAveraging(use_buffers=False, avg_fn=get_ema_avg_fn(cfg.ema_decay))
 
 
-def time_budget(cfg: TrainerConfig, stage_started: float) -> TimeBudget | None:
+def time_budget(cfg: TrainerConfig, stage_started: float, reserve_validations: float = 0.0) -> TimeBudget | None:
     """The stage's :class:`TimeBudget` (None without ``max_minutes``); ``stage_started`` is the
-    ``time.monotonic()`` at which the stage began, so the time before training counts against the budget."""
+    ``time.monotonic()`` at which the stage began, so the time before training counts against the budget;
+    ``reserve_validations``: validation epochs' worth of time held back for the work after training."""
     if cfg.max_minutes <= 0:
         return None
-    return TimeBudget(cfg.max_minutes, spent_seconds=time.monotonic() - stage_started)
+    spent = time.monotonic() - stage_started
+    return TimeBudget(cfg.max_minutes, spent_seconds=spent, reserve_validations=reserve_validations)
 
 
 def budget_left(cfg: TrainerConfig, stage_started: float) -> float | None:
