@@ -58,20 +58,24 @@ class TuningLogits:
             self.deep[weight] = _logits(model, tuning, device, ("deep",))["deep"]
 
     def model_logits(self, model: BehrtForMultiLabel, weight: float) -> np.ndarray:
-        """``(N, L)`` logits of the model as its shares now stand, its deep part the run at ``weight``'s."""
+        """``(N, L)`` logits of the model as its shares now stand, its deep part the run at ``weight``'s (mixed
+        on the model's device, where its shares are)."""
+        device = model.classifier.weight.device
 
         def tensor(part: np.ndarray | None) -> torch.Tensor | None:
-            return None if part is None else torch.from_numpy(part)
+            return None if part is None else torch.from_numpy(part).to(device)
 
-        mixed = model.mix_logits(torch.from_numpy(self.deep[weight]), tensor(self.path), tensor(self.states))
-        return mixed.numpy()
+        deep = tensor(self.deep[weight])
+        assert deep is not None
+        return model.mix_logits(deep, tensor(self.path), tensor(self.states)).cpu().numpy()
 
     def report(self, model: BehrtForMultiLabel, weight: float, pos_weight: torch.Tensor | None) -> dict[str, float]:
         """The model's tuning macro AP and loss (binary cross-entropy, ``pos_weight`` ``(L,)`` on positives,
         averaged over samples and labels: what a validation epoch logs), rounded to 5 digits."""
         logits = torch.from_numpy(self.model_logits(model, weight))
         y = torch.from_numpy(np.asarray(self.y, dtype=np.float32))
-        loss = F.binary_cross_entropy_with_logits(logits, y, pos_weight=pos_weight)
+        weights = None if pos_weight is None else pos_weight.detach().float().cpu()
+        loss = F.binary_cross_entropy_with_logits(logits, y, pos_weight=weights)
         macro_ap = macro_average_precision(self.y, torch.sigmoid(logits).numpy())
         return {"tuning_macro_ap": round(float(macro_ap), 5), "tuning_loss": round(float(loss), 5)}
 
