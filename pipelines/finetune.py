@@ -61,11 +61,12 @@ from behrt_rope.training.trainer import budget_left, build_trainer, resume_path,
 from behrt_rope.training.tuning_logits import TuningLogits
 
 log = logging.getLogger("behrt_rope.finetune")
-AFTER_TRAINING_VALIDATIONS = 3.0
+AFTER_TRAINING_VALIDATIONS = 6.0
 """Validation epochs' worth of time the trainings and the chains leave in the budget for the work after them:
-one scoring pass over the tuning split and the bootstrapped choices on it. On long histories on 2 CPU cores
-(13,000 tuning samples, 92 labels) a validation epoch took 8.6 s and that work 31 s: the stage ended at 718 s of
-its 720 (docs/benchmarks.md, "Fiftieth round")."""
+one scoring pass over the tuning split and the bootstrapped choices on it. Measured with 3 on 2 CPU cores: long
+histories (13,000 tuning samples, 92 labels) a validation epoch of 8.6 s and that work 31 s, the stage at 718 s of
+its 720; the demo's cohort a validation epoch of 1.9 s and that work 12 s, the stage at 722 s. 6 covers both
+(docs/benchmarks.md, "Fiftieth round")."""
 MONITORS = {"loss": ("val/loss", "min"), "macro_ap": ("val/macro_ap", "max")}
 """``select_by`` -> (logged metric, better direction)."""
 RUN_FIELDS = (*HEAD_FIELDS, "dropout", "attention_dropout")
@@ -302,13 +303,12 @@ def run(config: Config) -> Path:
 
 @dataclass
 class DeepRun:
-    """One training of the deep part: the task at its kept weights (best check or soup), its trainer and
-    tuning loader, and what ``metrics.json`` records of it."""
+    """One training of the deep part: the task at its kept weights (best check or soup), its trainer and what
+    ``metrics.json`` records of it."""
 
     distillation: float
     task: MultiLabelTask
     trainer: pl.Trainer
-    val_loader: torch.utils.data.DataLoader | None
     report: dict[str, Any]
 
 
@@ -485,7 +485,7 @@ def _train_deep(
         "best_checkpoint": best,
         **soup_report,
     }
-    return DeepRun(weight, task, trainer, val_loader, report)
+    return DeepRun(weight, task, trainer, report)
 
 
 def _choose_run(
