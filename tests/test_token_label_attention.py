@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from behrt_rope.model import token_label_attention
 from behrt_rope.model.config import ModelConfig
-from behrt_rope.model.token_label_attention import KEY_SIZE, TokenLabelAttention
+from behrt_rope.model.token_label_attention import CHUNK_SCORES, KEY_SIZE, TokenLabelAttention
 from behrt_rope.schema import CLS_ID, N_SPECIAL, SEP_ID
 
 CODE, OTHER = N_SPECIAL, N_SPECIAL + 1
@@ -121,9 +122,9 @@ def _token_level_reference(attention: TokenLabelAttention, hidden, token_ids, vi
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("own_code", [False, True])
-def test_per_visit_form_equals_the_token_level_formula(own_code: bool):
-    """Scoring sums each visit's tokens first; with random weights it must match the token-by-token softmax."""
+def _random_case(own_code: bool) -> tuple[TokenLabelAttention, tuple[torch.Tensor, ...]]:
+    """Random weights and two padded patients: visits of 2, 0 (a [SEP] with no code after truncation) and 3
+    codes; every [SEP] scored."""
     torch.manual_seed(0)
     config = ModelConfig(
         label_code_tie=False,
@@ -137,7 +138,6 @@ def test_per_visit_form_equals_the_token_level_formula(own_code: bool):
     with torch.no_grad():
         for p in attention.parameters():
             p.normal_(0.0, 0.5)
-    # Two patients, padded: visits of 2, 0 (a [SEP] with no code after truncation) and 3 codes.
     ids = [
         [CLS_ID, 5, 6, SEP_ID, SEP_ID, 7, 5, 9, SEP_ID],
         [CLS_ID, 8, SEP_ID, 8, 10, SEP_ID, 0, 0, 0],
@@ -146,13 +146,36 @@ def test_per_visit_form_equals_the_token_level_formula(own_code: bool):
     visit_ages = [[60.0, 60.5, 62.0], [30.0, 30.01]]
     token_ids, visit_index = torch.tensor(ids), torch.tensor(visits)
     ages = torch.tensor([[visit_ages[b][v] for v in row] for b, row in enumerate(visits)])
-    score_at = token_ids == SEP_ID
-    hidden = torch.randn(2, 9, 16)
+    return attention, (torch.randn(2, 9, 16), token_ids, visit_index, ages, token_ids == SEP_ID)
+
+
+@pytest.mark.parametrize("own_code", [False, True])
+def test_per_visit_form_equals_the_token_level_formula(own_code: bool):
+    """Scoring sums each visit's tokens first; with random weights it must match the token-by-token softmax."""
+    attention, batch = _random_case(own_code)
     with torch.no_grad():
-        fast = attention(hidden, token_ids, visit_index, ages, score_at)
-        reference = _token_level_reference(attention, hidden, token_ids, visit_index, ages, score_at)
+        fast = attention(*batch)
+        reference = _token_level_reference(attention, *batch)
     assert fast.shape == (5, 3)
     torch.testing.assert_close(fast.double(), reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [CHUNK_SCORES, 1])
+def test_per_visit_form_has_the_token_level_formula_s_gradients(chunk: int, monkeypatch):
+    """Training follows the same function: the gradients of every weight and of the hidden states match the
+    token-by-token formula's, also when the scored visits are split into chunks of one."""
+    monkeypatch.setattr(token_label_attention, "CHUNK_SCORES", chunk)
+    attention, (hidden, *rest) = _random_case(own_code=True)
+    hidden.requires_grad_(True)
+    pull = torch.randn(5, 3, dtype=torch.float64)  # a random direction for the logits
+    grads = []
+    for formula in (attention, lambda *batch: _token_level_reference(attention, *batch)):
+        attention.zero_grad()
+        hidden.grad = None
+        (formula(hidden, *rest).double() * pull).sum().backward()
+        grads.append([hidden.grad.clone(), *(p.grad.clone() for p in attention.parameters())])
+    for fast, reference in zip(*grads):
+        torch.testing.assert_close(fast, reference, rtol=1e-4, atol=1e-5)
 
 
 def test_own_code_prior_finds_the_label_code_without_a_query():
