@@ -55,7 +55,7 @@ from behrt_rope.training.soup import TopChecksSoup
 from behrt_rope.training.sparse_time_fit import fit_path, set_path_share
 from behrt_rope.training.state_path_fit import CROSS_EVIDENCE_L1, fit_state_path, set_state_path_share
 from behrt_rope.training.state_path_fit import MAX_EPOCHS as STATE_PATH_EPOCHS
-from behrt_rope.training.tasks import MultiLabelTask
+from behrt_rope.training.tasks import MultiLabelTask, macro_average_precision
 from behrt_rope.training.teacher import Teacher, choose_teacher
 from behrt_rope.training.trainer import budget_left, build_trainer, resume_path, time_budget
 from behrt_rope.training.tuning_logits import TuningLogits
@@ -338,6 +338,9 @@ def _train_candidates(
     if fitted:  # later runs start from the fitted chains
         start.update({k: v.detach().clone() for k, v in runs[0].task.state_dict().items() if ".state_path." in k})
     scores = TuningLogits.score(model, tuning, device, runs[0].distillation, fitted) if len(tuning.y) else None
+    if fitted and chains is not None and scores is not None and scores.states is not None:
+        chains["tuning_macro_ap_alone"] = round(macro_average_precision(scores.y, scores.states), 5)
+        log.info("finetune: state path's chains alone: tuning macro AP %.4f", chains["tuning_macro_ap_alone"])
     if len(weights) == 1 or scores is None:
         return runs, None, chains, scores
     left = _left_after_reserve(config, stage_started, runs[0])

@@ -145,6 +145,10 @@ def test_the_tuning_figures_finetune_records_are_the_saved_models(fitted: tuple[
     assert metrics["tuning_loss"] == pytest.approx(
         -np.mean(tuning.y * np.log(p) + (1 - tuning.y) * np.log1p(-p)), rel=1e-3
     )
+    # the chains alone, as fitted: their figure comes from the same pass, not from a scoring pass of their own
+    states = score_parts(model, tuning.seqs, tuning.samples.rows, tuning.samples.cuts, parts=("states",))["states"]
+    alone = metrics["state_path"]["tuning_macro_ap_alone"]
+    assert alone == pytest.approx(macro_average_precision(tuning.y, states), abs=2e-5)
     # the cache mixes its parts as the model does, at the shares the model carries
     scores = TuningLogits.score(model, tuning, torch.device("cpu"), 0.0, with_states=True)
     assert scores.path is not None and scores.states is not None and set(scores.deep) == {0.0}

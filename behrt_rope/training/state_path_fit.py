@@ -76,7 +76,9 @@ def fit_state_path(
     weight. Label codes that travel together in the train patients share a chain
     (:func:`~behrt_rope.training.chain_pairs.paired_chains` at ``pair_correlation``; None: each label its own).
     With ``choose_share`` false the share stays 0, for :func:`set_state_path_share` to set once the deep part is
-    final. Returns what ``metrics.json`` records under ``state_path``. The rest of the model is not changed."""
+    final, and the chains' tuning macro AP alone (``tuning_macro_ap_alone``) is left to the caller, who scores the
+    tuning split once for every part (``training/tuning_logits.py``). Returns what ``metrics.json`` records under
+    ``state_path``. The rest of the model is not changed."""
     path = model.state_path
     assert path is not None, "fit_state_path needs a model with a state path (model.state_path)"
     if not len(tuning.y):
@@ -121,16 +123,18 @@ def fit_state_path(
         log.info("finetune: state path not fitted: %s", report["stopped_by"])
         return {**report, "share": 0.0, "seconds": round(time.monotonic() - started, 1)}
     path.use_copies(fitted)
-    report["tuning_macro_ap_alone"] = round(_states_macro_ap(model, tuning, device), 5)
-    report.update(_choose_share(model, tuning, share, device) if choose_share else {"share": 0.0})
+    if choose_share:
+        report["tuning_macro_ap_alone"] = round(_states_macro_ap(model, tuning, device), 5)
+        report.update(_choose_share(model, tuning, share, device))
+    else:
+        report["share"] = 0.0
     report["seconds"] = round(time.monotonic() - started, 1)
     log.info(
-        "finetune: state path fitted in %.0f s (%d of %d sets, %d epochs: tuning macro AP %.4f alone), share %.2f",
+        "finetune: state path fitted in %.0f s (%d of %d sets, %d epochs), share %.2f",
         report["seconds"],
         report["sets_fitted"],
         path.copies,
         report["epochs"],
-        report["tuning_macro_ap_alone"],
         report["share"],
     )
     return report
