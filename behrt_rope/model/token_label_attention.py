@@ -31,7 +31,7 @@ then attends over ``V`` visits, not ``T`` tokens: ``N nh L V`` in chunks of scor
 This is the same softmax, regrouped (a test checks it and its gradients against the token-by-token formula), at
 about a quarter of the cost. The sink joins each patient's visits as a column 0, so the scored visits' tensors are
 built in the softmax's layout, without concatenations, transposed copies or accumulating index writes in the
-backward pass (``benchmarks/finetune_step.py``: 1.7x faster fine-tuning steps on long histories than session 54).
+backward pass (``benchmarks/finetune_step.py``: fine-tuning steps 1.52x faster on long histories than session 54's).
 
 Shapes: ``B`` patients, ``T`` tokens, ``V`` visits, ``N`` scored positions, ``L`` labels, ``nh`` heads,
 ``k`` key size, ``E`` elapsed-time features.
