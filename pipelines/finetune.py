@@ -46,6 +46,7 @@ from behrt_rope.training.distillation_choice import (
     PathLead,
     WeightChoice,
     candidate_weights,
+    chains_seconds,
     choose_weight,
     path_leads,
     room_for_another,
@@ -332,7 +333,7 @@ def _train_candidates(
     split's logits of every part and run (None without tuning samples), scored once for all the choices."""
     start = {k: v.detach().clone() for k, v in first.state_dict().items()}
     runs = [_train_deep(config, first, new_task, out, train, tuning, stage_started, config.resume)]
-    chains = _fit_chains(config, runs[0], train, tuning, stage_started)
+    chains = _fit_chains(config, runs[0], train, tuning, stage_started, second_training=len(weights) > 1)
     model, device = runs[0].task.model, runs[0].trainer.strategy.root_device
     fitted = chains is not None and bool(chains.get("fitted"))
     if fitted:  # later runs start from the fitted chains
@@ -388,16 +389,33 @@ def _train_candidates(
 
 
 def _fit_chains(
-    config: Config, run: DeepRun, train: SplitData, tuning: SplitData, stage_started: float
+    config: Config,
+    run: DeepRun,
+    train: SplitData,
+    tuning: SplitData,
+    stage_started: float,
+    second_training: bool = False,
 ) -> dict[str, Any] | None:
-    """Fit the state path's chains of ``run``'s model (share left at 0); their report, None without them."""
+    """Fit the state path's chains of ``run``'s model (share left at 0); their report, None without them. With
+    ``second_training`` possible, they leave room for it (``distillation_choice.chains_seconds``)."""
     if run.task.model.state_path is None:
         return None
-    return fit_state_path(
+    left = _left_after_reserve(config, stage_started, run)
+    seconds = chains_seconds(left, run.report["train_seconds"], second_training)
+    kept = 0.0 if left is None or seconds is None else left - seconds
+    if kept > 0:
+        log.info(
+            "finetune: state path: %.0f s of the %.0f s left; %.0f s kept for a second training (the first: %.0f s)",
+            seconds,
+            left,
+            kept,
+            run.report["train_seconds"],
+        )
+    report = fit_state_path(
         run.task.model,
         train,
         tuning,
-        _left_after_reserve(config, stage_started, run),
+        seconds,
         config.state_path_l1,
         config.state_path_share,
         config.state_path_max_epochs,
@@ -407,6 +425,9 @@ def _fit_chains(
         config.state_path_pair_correlation,
         choose_share=False,
     )
+    if kept > 0:
+        report["seconds_kept_for_second_training"] = round(kept, 1)
+    return report
 
 
 def _left_after_reserve(config: Config, stage_started: float, run: DeepRun) -> float | None:

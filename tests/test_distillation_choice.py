@@ -15,12 +15,17 @@ from behrt_rope.data.sequences import load_tokens
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.distillation_choice import (
     DISTILLATION_GRID,
+    MIN_CHAIN_SECONDS,
     PREFERRED_WEIGHT,
+    ROOM_MARGIN,
     PathLead,
+    chains_seconds,
     choose_weight,
     path_leads,
+    room_for_another,
 )
 from behrt_rope.training.inference import multilabel_model, score_parts
+from behrt_rope.training.state_path_fit import fit_state_path
 from behrt_rope.training.tasks import macro_average_precision
 from tests.fixtures_training import FAST_TRAINER, TINY_MODEL, build_etl, error_line, read_metrics
 
@@ -175,3 +180,70 @@ def test_without_the_preferred_weight_the_first_run_stands_and_nothing_is_compar
     choice = choose_weight(y, {0.0: signal}, patient)
     assert choice.weight == 0.0 and choice.over_preferred == {}
     assert choice.macro_ap[0.0] == pytest.approx(macro_average_precision(y, signal), abs=1e-5)
+
+
+CHAINS = ("model.state_path=2", "model.state_path_copies=1", "state_path_max_epochs=2")
+"""A small state path (the shared fast trainer settings switch it off)."""
+
+
+@pytest.mark.parametrize(
+    ("left", "first", "second", "expected"),
+    [
+        (600.0, 200.0, True, 600.0 - ROOM_MARGIN * 200.0),  # room kept for a second training
+        (600.0, 200.0, False, 600.0),  # no second training possible: the chains get all
+        (ROOM_MARGIN * 200.0 + MIN_CHAIN_SECONDS + 1, 200.0, True, MIN_CHAIN_SECONDS + 1),  # just enough to spare
+        (ROOM_MARGIN * 200.0 + MIN_CHAIN_SECONDS - 1, 200.0, True, ROOM_MARGIN * 200.0 + MIN_CHAIN_SECONDS - 1),
+        (100.0, 200.0, True, 100.0),  # no room either way
+        (None, 200.0, True, None),  # no budget
+    ],
+)
+def test_the_chains_leave_room_for_a_second_training_only_when_they_keep_a_useful_fit(
+    left: float | None, first: float, second: bool, expected: float | None
+) -> None:
+    got = chains_seconds(left, first, second)
+    assert got == (None if expected is None else pytest.approx(expected))
+    if got is not None and left is not None and got < left:  # what is kept fits a second training's room check
+        assert room_for_another(left - got, first)
+
+
+def test_finetune_gives_the_chains_the_time_the_rule_allows_and_records_what_it_kept(
+    etl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[tuple] = []
+    given: list[float | None] = []
+
+    def rule(left: float | None, first: float, second: bool) -> float | None:
+        asked.append((left, first, second))
+        return None if left is None else left - 30.0
+
+    def spy(model, train, tuning, seconds_left, *args, **kwargs):  # type: ignore[no-untyped-def]
+        given.append(seconds_left)
+        return fit_state_path(model, train, tuning, seconds_left, *args, **kwargs)
+
+    monkeypatch.setattr("pipelines.finetune.chains_seconds", rule)
+    monkeypatch.setattr("pipelines.finetune.fit_state_path", spy)
+    monkeypatch.setattr("pipelines.finetune.room_for_another", lambda left, first: False)
+    out = tmp_path / "ft"
+    assert _finetune(etl, out, *CHAINS) == 0
+    metrics = read_metrics(out)
+    ((left, first, second),) = asked
+    assert second is True  # the grid has a second weight
+    assert first == metrics["train_seconds"] and 0 < left <= 12 * 60
+    assert given == [pytest.approx(left - 30.0)]
+    assert metrics["state_path"]["seconds_kept_for_second_training"] == pytest.approx(30.0, abs=0.1)
+
+
+def test_with_one_distillation_weight_the_chains_are_not_held_back(
+    etl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[bool] = []
+
+    def rule(left: float | None, first: float, second: bool) -> float | None:
+        asked.append(second)
+        return chains_seconds(left, first, second)
+
+    monkeypatch.setattr("pipelines.finetune.chains_seconds", rule)
+    out = tmp_path / "ft"
+    assert _finetune(etl, out, *CHAINS, "sparse_time_distillation=0") == 0
+    assert asked == [False]
+    assert "seconds_kept_for_second_training" not in read_metrics(out)["state_path"]

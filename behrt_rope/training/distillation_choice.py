@@ -65,6 +65,37 @@ def room_for_another(seconds_left: float | None, first_run_seconds: float) -> bo
     return seconds_left is None or seconds_left >= first_run_seconds
 
 
+ROOM_MARGIN = 1.1
+"""What :func:`chains_seconds` keeps for a second training, in first trainings' lengths: the tuning split's
+scoring between the chains and the room check, and an epoch a little slower than the first run's, must fit too."""
+MIN_CHAIN_SECONDS = 60.0
+"""The least time :func:`chains_seconds` leaves the chains when it keeps room for a second training; with less
+to spare, the chains get all that is left, as a second training would not fit beside a useful fit of them."""
+
+
+def chains_seconds(seconds_left: float | None, first_run_seconds: float, second_training: bool) -> float | None:
+    """The time the state path's chains may take after the first training: what is left less room for a second
+    training of ``ROOM_MARGIN`` x the first's length, when that spares them at least :data:`MIN_CHAIN_SECONDS`;
+    else all that is left (None: no budget). ``second_training``: whether one is still possible (more than one
+    distillation weight to train).
+
+    Without this, the chains' sets (several minutes on progression histories) used the time a distilled second
+    training needed, and on a host a little slower the deep part lost the distillation: the second training runs
+    only when what is left is at least the first training's length (:func:`room_for_another`). The distilled
+    deep part gained +0.004 to +0.009 tuning macro AP on the draws where it ran; a second and third set of chains
+    about +0.001 (docs/benchmarks.md, "Fifty-second round").
+
+    >>> chains_seconds(600.0, 200.0, True), chains_seconds(600.0, 200.0, False)
+    (380.0, 600.0)
+    >>> chains_seconds(250.0, 200.0, True), chains_seconds(None, 200.0, True)  # 30 s spare: the chains get all
+    (250.0, None)
+    """
+    if seconds_left is None or not second_training:
+        return seconds_left
+    spare = seconds_left - ROOM_MARGIN * first_run_seconds
+    return spare if spare >= MIN_CHAIN_SECONDS else seconds_left
+
+
 @dataclass(frozen=True)
 class PathLead:
     """The first training's deep part and the path alone on the tuning split (macro AP of each), and whether
