@@ -23,7 +23,7 @@ from behrt_rope.training.chain_pairs import paired_chains
 from behrt_rope.training.inference import multilabel_model, score_parts
 from behrt_rope.training.loaders import SplitData
 from behrt_rope.training.sparse_time_fit import logit
-from behrt_rope.training.state_path_fit import SHARE_GRID, _train, fit_state_path
+from behrt_rope.training.state_path_fit import EQUAL_SHARE, SHARE_GRID, _train, fit_state_path, set_state_path_share
 from behrt_rope.training.tasks import macro_average_precision
 from behrt_rope.training.tuning_logits import TuningLogits
 from pipelines.finetune import Config, run
@@ -67,6 +67,54 @@ def test_the_model_mixes_the_state_path_in_at_its_share_and_not_at_share_zero():
         ModelConfig(vocab_size=VOCAB, state_path=1)
 
 
+def _share_case(states_noise: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Tuning targets ``(N, L)``, patients ``(N,)`` and two logit arrays of one truth: the model's (``base``) and
+    the chains' (``states``, ``states_noise`` times the model's noise); each sample its own patient."""
+    rng = np.random.default_rng(seed)
+    n, labels = 2000, 6
+    truth = rng.normal(-2.0, 1.5, (n, labels))
+    y = (rng.random((n, labels)) < 1 / (1 + np.exp(-truth))).astype(np.float32)
+    base = truth + rng.normal(0, 1.0, truth.shape)
+    states = truth + rng.normal(0, states_noise, truth.shape)
+    return y, np.arange(n), base, states
+
+
+def _model_with_state_path() -> BehrtForMultiLabel:
+    cfg = ModelConfig(
+        vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, age_heads=0, state_path=3
+    )
+    return BehrtForMultiLabel(cfg, num_labels=6)
+
+
+@pytest.mark.parametrize(("states_noise", "comparable"), [(1.0, True), (3.0, False)])
+def test_chains_as_good_as_the_model_are_mixed_in_equally_and_weak_ones_kept_out(states_noise, comparable):
+    """Chains of the model's own strength (independent errors): not clearly worse, so the reference is the equal
+    mix, which no share beats clearly; chains three times as noisy: clearly worse, share 0 as before."""
+    y, patients, base, states = _share_case(states_noise)
+    model = _model_with_state_path()
+    report = set_state_path_share(model, None, y, patients, base, states)
+    assert report["chains_comparable"] is comparable
+    expected = EQUAL_SHARE if comparable else 0.0
+    assert report["reference_share"] == expected and report["share"] == expected
+    assert float(model.state_path.share) == pytest.approx(expected)
+    scores = report["tuning_macro_ap_by_share"]
+    # the equal mix of two learners with independent errors beats either alone; the noisy chains only drag
+    if comparable:
+        assert scores[EQUAL_SHARE] > max(scores[0.0], scores[1.0])
+        assert set(report[f"over_share_{EQUAL_SHARE:g}"]) == {"level"} | {f"{w:g}" for w in SHARE_GRID} - {"0.5"}
+    else:
+        assert scores[1.0] < scores[0.0] and f"over_share_{EQUAL_SHARE:g}" not in report
+
+
+def test_chains_clearly_better_than_the_equal_mix_take_the_larger_share():
+    """Chains far better than the model: a share above the equal mix is clearly better than it, and is kept."""
+    y, patients, base, states = _share_case(0.2)
+    model = _model_with_state_path()
+    report = set_state_path_share(model, None, y, patients, base, states)
+    assert report["chains_comparable"] and report["share"] > EQUAL_SHARE
+    assert report[f"over_share_{EQUAL_SHARE:g}"][f"{report['share']:g}"]["low"] > 0
+
+
 def test_the_l1_penalty_leaves_each_label_s_own_code_free():
     path = StatePath(VOCAB, num_labels=2, num_states=3, label_token_ids=[A, B])
     evidence = path.chains[0].evidence
@@ -100,11 +148,17 @@ def test_finetune_fits_the_path_and_keeps_the_share_tuning_scores_best(fitted: t
     assert report["epochs"] == sum(s["epochs"] for s in report["sets"])
     scores = {float(w): v for w, v in report["tuning_macro_ap_by_share"].items()}
     assert set(scores) == set(SHARE_GRID)
-    # 0 unless a share's paired interval over the tuning patients lies above 0; then the largest such gain
+    # the reference share (an equal mix where the chains alone are not clearly worse than the model, else 0)
+    # unless a share's paired interval over the tuning patients lies above it; then the largest such gain
     over = {float(w): d for w, d in report["over_share_0"].items() if w != "level"}
     assert set(over) == set(SHARE_GRID) - {0.0}
-    clear = {w: d["difference"] for w, d in over.items() if d["low"] > 0}
-    assert report["share"] == (max(clear, key=clear.get) if clear else 0.0)
+    assert report["chains_comparable"] == (over[1.0]["high"] >= 0)
+    reference = EQUAL_SHARE if report["chains_comparable"] else 0.0
+    assert report["reference_share"] == reference
+    against = {float(w): d for w, d in report[f"over_share_{reference:g}"].items() if w != "level"}
+    assert set(against) == set(SHARE_GRID) - {reference}
+    clear = {w: d["difference"] for w, d in against.items() if d["low"] > 0}
+    assert report["share"] == (max(clear, key=clear.get) if clear else reference)
     # the bundle carries the fitted chains and the share: the model's scores are the mix they make
     model = multilabel_model(load_bundle(model_dir, "multilabel"))
     assert model.state_path is not None and float(model.state_path.share) == pytest.approx(report["share"])

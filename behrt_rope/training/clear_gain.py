@@ -10,6 +10,7 @@ candidate's paired bootstrap interval over the tuning patients lies above it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +30,14 @@ class ClearChoice:
     chosen: float
     macro_ap: dict[float, float]
     over_reference: dict[float, tuple[float, float, float]]
+
+    def intervals(self) -> dict[str, Any]:
+        """The paired differences to the reference as ``metrics.json`` records them: the level, then per other
+        candidate ``{"difference", "low", "high"}``."""
+        over = {
+            f"{w:g}": dict(zip(("difference", "low", "high"), v, strict=True)) for w, v in self.over_reference.items()
+        }
+        return {"level": CHOICE_LEVEL, **over}
 
 
 def choose_clearly_better(

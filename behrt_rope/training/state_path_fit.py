@@ -7,8 +7,9 @@ time over length-sorted batches, keeping the weights of the epoch with the best 
 and stopping :data:`PATIENCE` epochs after it, at :data:`MAX_EPOCHS`, or when the next epoch would overrun the
 stage's time budget (sets the budget leaves unfitted get no weight). Their share of the model's logit is 0 (the
 model as it was) unless a share of :data:`SHARE_GRID` is clearly better on the tuning split (a paired bootstrap
-over its patients), so a cohort where the chains add nothing keeps its model. Without a tuning split nothing
-could choose either, and the path is not fitted.
+over its patients), so a cohort where the chains add nothing keeps its model; where the chains alone are not
+clearly worse than the model, the reference is an equal mix (:data:`EQUAL_SHARE`) instead of 0. Without a
+tuning split nothing could choose either, and the path is not fitted.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tqdm.auto import tqdm
 from behrt_rope.data.batching import BucketBatchSampler
 from behrt_rope.model.heads import BehrtForMultiLabel, multilabel_loss
 from behrt_rope.training.chain_pairs import PAIR_CORRELATION, paired_chains
-from behrt_rope.training.clear_gain import CHOICE_LEVEL, choose_clearly_better
+from behrt_rope.training.clear_gain import ClearChoice, choose_clearly_better
 from behrt_rope.training.inference import score_parts
 from behrt_rope.training.loaders import SplitData
 from behrt_rope.training.tasks import macro_average_precision
@@ -54,6 +55,11 @@ the model's, so even a fifth of the model's sets the ranking of some labels); wi
 half of the tuning patients and scored on the other, +0.0064 / +0.0040 on two progression draws against
 +0.0043 / -0.0004 without, the same on a recurrence_sparse and a clinical draw (docs/benchmarks.md,
 "Forty-sixth round")."""
+EQUAL_SHARE = 0.5
+"""The reference share when the chains alone are not clearly worse than the model without them
+(:func:`chains_comparable`): two learners of comparable strength and different form, averaged with equal weights,
+rather than weights estimated on a few hundred tuning patients (which, on progression draws, kept 0-0.2 where
+0.65-1 scored 0.001-0.002 better held out; docs/benchmarks.md, "Fifty-third round")."""
 
 
 def fit_state_path(
@@ -70,8 +76,8 @@ def fit_state_path(
     pair_correlation: float | None = PAIR_CORRELATION,
     choose_share: bool = True,
 ) -> dict[str, Any]:
-    """Train ``model.state_path``'s sets of chains one after another and set its share (``share``, or 0 unless a
-    share of :data:`SHARE_GRID` is clearly better on the tuning split: :func:`set_state_path_share`);
+    """Train ``model.state_path``'s sets of chains one after another and set its share (``share``, or as
+    :func:`set_state_path_share` chooses on the tuning split);
     ``seconds_left``: the time budget left (None: no budget), shared by the sets: those it leaves unfitted get no
     weight. Label codes that travel together in the train patients share a chain
     (:func:`~behrt_rope.training.chain_pairs.paired_chains` at ``pair_correlation``; None: each label its own).
@@ -265,12 +271,14 @@ def set_state_path_share(
     base: np.ndarray | None = None,
     states: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Set the state path's share: ``share``, or 0 unless a share of :data:`SHARE_GRID` is clearly better on the
-    tuning split (:func:`~behrt_rope.training.clear_gain.choose_clearly_better`; ``y`` its ``(N, L)`` targets,
-    ``patients`` ``(N,)`` each sample's patient, ``base`` and ``states`` the ``(N, L)`` logits there of the model
-    without the state path and of the state path alone). Macro AP ranks each label's samples only, so a path that
-    adds nothing can still win the point estimates by noise while its share pulls the model's logits toward its
-    own (a calibration cost AP does not see)."""
+    """Set the state path's share: ``share``, or the reference share unless another of :data:`SHARE_GRID` is
+    clearly better on the tuning split (:func:`~behrt_rope.training.clear_gain.choose_clearly_better`; ``y`` its
+    ``(N, L)`` targets, ``patients`` ``(N,)`` each sample's patient, ``base`` and ``states`` the ``(N, L)`` logits
+    there of the model without the state path and of the state path alone). The reference is
+    :data:`EQUAL_SHARE` when the chains alone are not clearly worse than the model without them
+    (:func:`chains_comparable`), else 0. Macro AP ranks each label's samples only, so a path that adds nothing
+    can still win the point estimates by noise while its share pulls the model's logits toward its own (a
+    calibration cost AP does not see): hence 0 unless the chains hold their own."""
     assert model.state_path is not None
     if share is not None:
         model.state_path.set_share(share)
@@ -279,13 +287,30 @@ def set_state_path_share(
         raise ValueError("choosing the state path's share needs the tuning logits of the model and the state path")
     model.state_path.set_share(0.0)
     mixes = {w: expit((1 - w) * base + w * states) for w in SHARE_GRID}  # (N, L) probabilities
-    choice = choose_clearly_better(y, mixes, patients, reference=0.0)
+    against_model = choose_clearly_better(y, mixes, patients, reference=0.0)
+    comparable = chains_comparable(against_model)
+    choice = choose_clearly_better(y, mixes, patients, reference=EQUAL_SHARE) if comparable else against_model
     model.state_path.set_share(choice.chosen)
-    over = {
-        f"{w:g}": dict(zip(("difference", "low", "high"), v, strict=True)) for w, v in choice.over_reference.items()
-    }
-    return {
+    report: dict[str, Any] = {
         "share": choice.chosen,
-        "tuning_macro_ap_by_share": choice.macro_ap,
-        "over_share_0": {"level": CHOICE_LEVEL, **over},
+        "tuning_macro_ap_by_share": against_model.macro_ap,
+        "chains_comparable": comparable,
+        "reference_share": EQUAL_SHARE if comparable else 0.0,
+        "over_share_0": against_model.intervals(),
     }
+    if comparable:
+        report[f"over_share_{EQUAL_SHARE:g}"] = choice.intervals()
+    return report
+
+
+def chains_comparable(against_model: ClearChoice) -> bool:
+    """Whether the chains alone (share 1) are *not clearly worse* than the model without them (share 0): the
+    upper end of their paired :data:`~behrt_rope.training.clear_gain.CHOICE_LEVEL` interval of the tuning macro AP
+    difference, in ``against_model`` (candidates scored against share 0), is at least 0.
+
+    >>> chains_comparable(ClearChoice(0.0, {0.0: 0.14, 1.0: 0.142}, {1.0: (0.002, -0.002, 0.006)}))
+    True
+    >>> chains_comparable(ClearChoice(0.0, {0.0: 0.26, 1.0: 0.19}, {1.0: (-0.075, -0.09, -0.06)}))
+    False
+    """
+    return against_model.over_reference[1.0][2] >= 0.0

@@ -23,7 +23,7 @@ import torch
 from scipy.special import expit
 
 from behrt_rope.model.heads import BehrtForMultiLabel
-from behrt_rope.training.clear_gain import CHOICE_LEVEL, choose_clearly_better
+from behrt_rope.training.clear_gain import choose_clearly_better
 from behrt_rope.training.inference import Part, score_parts
 from behrt_rope.training.loaders import SplitData
 from behrt_rope.training.state_path_fit import SHARE_GRID
@@ -57,9 +57,6 @@ def choose_teacher(tuning: TuningLogits, with_states: bool) -> Teacher:
         return Teacher(0.0, {"state_path_share": 0.0}, expit(path))
     mixes = {t: expit((1 - t) * path + t * states) for t in SHARE_GRID}
     choice = choose_clearly_better(tuning.y, mixes, tuning.patients, reference=0.0)
-    over = {
-        f"{t:g}": dict(zip(("difference", "low", "high"), v, strict=True)) for t, v in choice.over_reference.items()
-    }
     log.info(
         "finetune: distillation teacher: sparse time path with the state path at share %g (tuning macro AP %.4f; "
         "the sparse time path alone %.4f)",
@@ -70,7 +67,7 @@ def choose_teacher(tuning: TuningLogits, with_states: bool) -> Teacher:
     report = {
         "state_path_share": choice.chosen,
         "tuning_macro_ap_by_share": choice.macro_ap,
-        "over_share_0": {"level": CHOICE_LEVEL, **over},
+        "over_share_0": choice.intervals(),
     }
     return Teacher(choice.chosen, report, mixes[choice.chosen])
 
