@@ -289,13 +289,22 @@ def set_state_path_share(
     mixes = {w: expit((1 - w) * base + w * states) for w in SHARE_GRID}  # (N, L) probabilities
     against_model = choose_clearly_better(y, mixes, patients, reference=0.0)
     comparable = chains_comparable(against_model)
-    choice = choose_clearly_better(y, mixes, patients, reference=EQUAL_SHARE) if comparable else against_model
+    reference = EQUAL_SHARE if comparable else 0.0
+    choice = choose_clearly_better(y, mixes, patients, reference=reference) if comparable else against_model
     model.state_path.set_share(choice.chosen)
+    log.info(
+        "finetune: state path share %g (the chains alone %s the model without them on the tuning split, so the "
+        "reference is %g; macro AP by share: %s)",
+        choice.chosen,
+        "hold their own against" if comparable else "are clearly worse than",
+        reference,
+        against_model.macro_ap,
+    )
     report: dict[str, Any] = {
         "share": choice.chosen,
         "tuning_macro_ap_by_share": against_model.macro_ap,
         "chains_comparable": comparable,
-        "reference_share": EQUAL_SHARE if comparable else 0.0,
+        "reference_share": reference,
         "over_share_0": against_model.intervals(),
     }
     if comparable:
