@@ -573,7 +573,12 @@ led its teacher, the sparse time path, on the tuning split, macro AP 0.2500 agai
     >>> _finetune_info(m).split("; ")[2]
     'distillation weight 0 (no training at 0.8: the deep part led its teacher, the sparse time path and the state \
 path at share 0.9, on the tuning split, macro AP 0.2500 against 0.2400)'
-    >>> m["distillation_choice"]["first_training_against_path"]["path_leads"] = True
+    >>> m["distillation_choice"]["first_training_against_path"].update(
+    ...     deep_clearly_leads=True, deep_minus_path={"difference": 0.01, "low": 0.004, "high": 0.016})
+    >>> _finetune_info(m).split("; ")[2]
+    'distillation weight 0 (no training at 0.8: the deep part led its teacher, the sparse time path and the state \
+path at share 0.9, on the tuning split, macro AP 0.2500 against 0.2400, difference +0.0040 to +0.0160)'
+    >>> m["distillation_choice"]["first_training_against_path"]["deep_clearly_leads"] = False
     >>> _finetune_info(m).split("; ")[2]
     'distillation weight 0 (no training at 0.8: the time budget had no room for it)'
     >>> _finetune_info({"epochs": 3, "sparse_time_share": 0.5, "sparse_time_distillation": 0.5, "tuning_samples": 9})
@@ -627,10 +632,12 @@ def _why_weight(metrics: dict[str, Any]) -> str:
         )
     untried = ", ".join(f"{w:g}" for w in choice["weights_not_tried"])
     lead = choice.get("first_training_against_path")
-    if lead and not lead["path_leads"]:
+    if lead and lead.get("deep_clearly_leads", not lead["path_leads"]):  # metrics before session 57: the points
+        interval = lead.get("deep_minus_path")
+        spread = f", difference {interval['low']:+.4f} to {interval['high']:+.4f}" if interval else ""
         return (
             f" (no training at {untried}: the deep part led its teacher, {teacher}, on the tuning split, macro AP "
-            f"{lead['deep_macro_ap']:.4f} against {lead['path_macro_ap']:.4f})"
+            f"{lead['deep_macro_ap']:.4f} against {lead['path_macro_ap']:.4f}{spread})"
         )
     return f" (no training at {untried}: the time budget had no room for it)"
 

@@ -326,9 +326,9 @@ def _train_candidates(
     """Train the deep part once per distillation weight (``training.distillation_choice``): the first in
     ``out`` from ``first`` (encoder and path loaded), each further one in ``out/distillation_W`` from the same
     start and seed, when what is left of the time budget is at least as long as the first run took and the first
-    training's deep part trails the teacher on the tuning split (the :class:`PathLead`, also returned; None with
-    one weight or without room). The state path's chains are fitted right after the first training (their
-    report is returned, None without a state path; their share is left at 0) and, with
+    training's deep part does not clearly lead the teacher on the tuning split (the :class:`PathLead`, also
+    returned; None with one weight or without room). The state path's chains are fitted right after the first
+    training (their report is returned, None without a state path; their share is left at 0) and, with
     ``state_path_teacher``, join the teacher (:mod:`~behrt_rope.training.teacher`). Also returned: the tuning
     split's logits of every part and run (None without tuning samples), scored once for all the choices."""
     start = {k: v.detach().clone() for k, v in first.state_dict().items()}
@@ -358,14 +358,15 @@ def _train_candidates(
     if chains is not None:
         chains["distillation_teacher"] = teacher.report
     lead = _path_lead(runs[0], scores, teacher)
-    if not lead.path_leads:
+    if lead.deep_clearly_leads:
         log.info(
             "finetune: no training at sparse_time_distillation=%s: the deep part trained on labels alone scores "
-            "tuning macro AP %.4f, its teacher %.4f; distilling the weaker learner into the stronger one does not "
-            "help",
+            "tuning macro AP %.4f, its teacher %.4f (difference and interval %s); distilling the clearly weaker "
+            "learner into the stronger one does not help",
             ", ".join(f"{w:g}" for w in weights[1:]),
             lead.deep_macro_ap,
             lead.path_macro_ap,
+            lead.deep_minus_path,
         )
         return runs, lead, chains, scores
     for weight in weights[1:]:
@@ -438,10 +439,11 @@ def _left_after_reserve(config: Config, stage_started: float, run: DeepRun) -> f
 
 
 def _path_lead(run: DeepRun, scores: TuningLogits, teacher: Teacher) -> PathLead:
-    """The first training's deep part against the teacher on the tuning split (rank 0's, so that every DDP
-    rank decides alike)."""
+    """The first training's deep part against the teacher on the tuning split, with the paired interval over its
+    patients (rank 0's, so that every DDP rank decides alike)."""
     deep = expit(scores.deep[run.distillation])
-    return run.trainer.strategy.broadcast(path_leads(scores.y, deep, teacher.tuning_probs), src=0)
+    lead = path_leads(scores.y, deep, teacher.tuning_probs, scores.patients)
+    return run.trainer.strategy.broadcast(lead, src=0)
 
 
 def _set_shares(

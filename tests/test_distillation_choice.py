@@ -13,6 +13,7 @@ from behrt_rope.cli import main
 from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targets
 from behrt_rope.data.sequences import load_tokens
 from behrt_rope.training.bundle import load_bundle
+from behrt_rope.training.clear_gain import CHOICE_LEVEL
 from behrt_rope.training.distillation_choice import (
     DISTILLATION_GRID,
     MIN_CHAIN_SECONDS,
@@ -50,27 +51,60 @@ def _saved_parts_tuning_ap(etl: Path, out: Path) -> tuple[float, float]:
     return round(macro_average_precision(y, parts["deep"]), 5), round(macro_average_precision(y, parts["path"]), 5)
 
 
+def _teacher_case(deep_noise: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Targets ``(N, L)`` of one truth, the deep part's and the teacher's probabilities (the teacher's logit noise 1,
+    the deep part's ``deep_noise``) and the patients (four samples each)."""
+    rng = np.random.default_rng(3)
+    truth = rng.normal(-2.0, 1.5, (2400, 6))
+    y = (rng.random(truth.shape) < 1 / (1 + np.exp(-truth))).astype(np.float32)
+    deep, path = (1 / (1 + np.exp(-(truth + rng.normal(0, sd, truth.shape)))) for sd in (deep_noise, 1.0))
+    return y, deep, path, np.repeat(np.arange(600), 4)
+
+
+def test_a_second_training_is_skipped_only_where_the_deep_part_clearly_leads_its_teacher() -> None:
+    y, deep, path, patients = _teacher_case(1.0)  # as good as the teacher: a close call either way
+    close = path_leads(y, deep, path, patients)
+    assert close.deep_minus_path is not None
+    difference, low, high = close.deep_minus_path
+    assert low < 0 < high and difference == pytest.approx(close.deep_macro_ap - close.path_macro_ap, abs=2e-5)
+    assert not close.path_leads  # the deep part ahead by the point estimates, which decided until session 57
+    assert not close.deep_clearly_leads  # close: the distilled training is tried, and the tuning split chooses
+    y, deep, path, patients = _teacher_case(0.3)  # far better
+    clear = path_leads(y, deep, path, patients)
+    assert clear.deep_minus_path is not None and clear.deep_minus_path[1] > 0 and clear.deep_clearly_leads
+    assert clear.report()["deep_minus_path"]["level"] == CHOICE_LEVEL
+
+
 def _gate(monkeypatch: pytest.MonkeyPatch, forced: PathLead) -> list[PathLead]:
     """Make ``finetune``'s path-lead check return ``forced``; the list receives what the real check found."""
     seen: list[PathLead] = []
 
-    def spy(y: np.ndarray, deep: np.ndarray, path: np.ndarray) -> PathLead:
-        seen.append(path_leads(y, deep, path))
+    def spy(y: np.ndarray, deep: np.ndarray, path: np.ndarray, patients: np.ndarray) -> PathLead:
+        seen.append(path_leads(y, deep, path, patients))
         return forced
 
     monkeypatch.setattr("pipelines.finetune.path_leads", spy)
     return seen
 
 
-def test_where_the_path_leads_both_weights_train_and_the_saved_model_is_the_better_deep_part(
+def test_where_the_deep_part_does_not_clearly_lead_both_weights_train_and_the_saved_model_is_the_better(
     etl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen = _gate(monkeypatch, PathLead(0.1, 0.2))
+    """A close call (the deep part ahead of its teacher by the point estimates, its interval across 0, as on a
+    recurrence_sparse draw where the distilled deep part then scored 0.016 better held out) trains both."""
+    close_call = PathLead(0.3007, 0.2999, (0.0008, -0.0017, 0.0031))
+    seen = _gate(monkeypatch, close_call)
     out = tmp_path / "ft"
     assert _finetune(etl, out) == 0
     metrics = read_metrics(out)
     choice = metrics["distillation_choice"]
-    assert choice["first_training_against_path"] == {"deep_macro_ap": 0.1, "path_macro_ap": 0.2, "path_leads": True}
+    assert choice["first_training_against_path"] == {
+        "deep_macro_ap": 0.3007,
+        "path_macro_ap": 0.2999,
+        "path_leads": False,
+        "deep_minus_path": {"difference": 0.0008, "low": -0.0017, "high": 0.0031, "level": CHOICE_LEVEL},
+        "deep_clearly_leads": False,
+    }
     scores = choice["tuning_deep_macro_ap"]
     assert choice["weights_tried"] == list(DISTILLATION_GRID) and choice["weights_not_tried"] == []
     assert set(scores) == {"0", "0.8"} and scores["0"] != scores["0.8"]  # two different trainings
@@ -86,6 +120,9 @@ def test_where_the_path_leads_both_weights_train_and_the_saved_model_is_the_bett
     (real,) = seen
     assert real.deep_macro_ap == pytest.approx(scores["0"], abs=2e-5)
     assert real.path_macro_ap == pytest.approx(saved_path, abs=2e-5)
+    assert real.deep_minus_path is not None  # with its paired interval over the tuning patients
+    difference, low, high = real.deep_minus_path
+    assert low <= difference <= high and difference == pytest.approx(scores["0"] - saved_path, abs=2e-5)
     second = out / "distillation_0.8" / S.CHECKPOINT_DIR / S.BEST_CHECKPOINT
     assert second.exists()
     assert choice["runs"]["0.8"]["best_checkpoint"] == str(second)
@@ -95,7 +132,7 @@ def test_where_the_path_leads_both_weights_train_and_the_saved_model_is_the_bett
 def test_where_the_first_deep_part_leads_the_path_it_stands_without_a_second_training(
     etl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _gate(monkeypatch, PathLead(0.3, 0.2))
+    _gate(monkeypatch, PathLead(0.3, 0.2, (0.1, 0.05, 0.15)))  # clearly ahead: the interval above 0
     budget_asked: list[float | None] = []
     monkeypatch.setattr("pipelines.finetune.room_for_another", lambda left, first: budget_asked.append(left) or True)
     out = tmp_path / "ft"
@@ -104,7 +141,8 @@ def test_where_the_first_deep_part_leads_the_path_it_stands_without_a_second_tra
     choice = metrics["distillation_choice"]
     assert metrics["sparse_time_distillation"] == 0.0
     assert choice["weights_tried"] == [0.0] and choice["weights_not_tried"] == [0.8]
-    assert choice["first_training_against_path"] == {"deep_macro_ap": 0.3, "path_macro_ap": 0.2, "path_leads": False}
+    lead = choice["first_training_against_path"]
+    assert lead["deep_clearly_leads"] and lead["deep_minus_path"]["low"] == 0.05
     assert not (out / "distillation_0.8").exists()
     (left,) = budget_asked  # the budget is asked first: without room, no teacher is chosen
     assert left is not None and 0 < left <= 12 * 60

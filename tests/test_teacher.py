@@ -112,7 +112,7 @@ def test_finetune_fits_the_chains_first_and_distills_the_chosen_teacher(
 ):
     """With the state path forced into the teacher (share 0.5), the second training's steps read the teacher's
     precomputed logits: (1 - t) x sparse time path + t x state path of the saved model, every train sample."""
-    monkeypatch.setattr("pipelines.finetune.path_leads", lambda y, deep, path: PathLead(0.1, 0.2))
+    monkeypatch.setattr("pipelines.finetune.path_leads", lambda y, deep, path, patients: PathLead(0.1, 0.2))
     forced = ClearChoice(0.5, {0.0: 0.1, 0.5: 0.2}, {0.5: (0.1, 0.05, 0.15)})
     monkeypatch.setattr(teacher_module, "choose_clearly_better", lambda *a, **k: forced)
     seen: list[torch.Tensor] = []

@@ -7,11 +7,15 @@ the default density: -0.003 on its tuning split); which of the two a cohort is, 
 (docs/benchmarks.md, "Thirty-sixth round"). With the setting left null, ``finetune`` therefore trains the deep
 part once per weight of :data:`DISTILLATION_GRID`, in order: labels alone first, then at 0.8 when
 
-- the first training says the path is the stronger learner: the path alone scores a better tuning macro AP
-  than the deep part trained on labels alone (:func:`path_leads`). Where the deep part leads, distilling the
-  path pulls it toward a worse function (the clinical cohort at the default density: the model -0.0055 tuning
-  macro AP in the thirty-sixth round, -0.0035 held out on the demo's cohort), so a second training would cost
-  time to find a worse model; and
+- the first training does not say the deep part is clearly the stronger learner: the lower end of the paired
+  interval of its tuning macro AP minus its teacher's is not above 0 (:func:`path_leads`). Where the deep part
+  clearly leads, distilling the teacher pulls it toward a worse function (the clinical cohort at the default
+  density: the model -0.0055 tuning macro AP in the thirty-sixth round, -0.0035 held out on the demo's cohort),
+  so a second training would cost time to find a worse model. Until session 57 the point estimates decided;
+  on a recurrence_sparse draw the deep part led by 0.0008 (interval -0.0017 to +0.0031), the second training
+  did not run, and a distilled one scored 0.016 better held out (the deep part) and 0.004 (the model)
+  (docs/benchmarks.md, "Fifty-third round"). A close call now trains both and :func:`choose_weight` decides;
+  and
 - what is left of the time budget (``trainer.max_minutes``) is at least as long as the first run took. Where
   one training fills most of the budget (long, dense histories on 2 CPU cores), the first weight stands.
 
@@ -25,11 +29,12 @@ favours the noisier run (docs/benchmarks.md, "Thirty-eighth round").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from behrt_rope.errors import UserError
-from behrt_rope.training.clear_gain import choose_clearly_better
+from behrt_rope.training.clear_gain import CHOICE_LEVEL, choose_clearly_better, paired_difference
 from behrt_rope.training.tasks import macro_average_precision
 
 DISTILLATION_GRID = (0.0, 0.8)
@@ -98,31 +103,60 @@ def chains_seconds(seconds_left: float | None, first_run_seconds: float, second_
 
 @dataclass(frozen=True)
 class PathLead:
-    """The first training's deep part and the path alone on the tuning split (macro AP of each), and whether
-    the path leads: the sign that distilling it into the deep part is worth a second training."""
+    """The first training's deep part and its teacher (the path alone, or with the chains) on the tuning split:
+    macro AP of each and, where measured, the paired :data:`~behrt_rope.training.clear_gain.CHOICE_LEVEL` interval
+    of the deep part's minus the teacher's ``(difference, low, high)``."""
 
     deep_macro_ap: float
     path_macro_ap: float
+    deep_minus_path: tuple[float, float, float] | None = None
 
     @property
     def path_leads(self) -> bool:
+        """The point estimates: the teacher scores the better tuning macro AP."""
         return self.path_macro_ap > self.deep_macro_ap
 
-    def report(self) -> dict[str, float | bool]:
-        return {"deep_macro_ap": self.deep_macro_ap, "path_macro_ap": self.path_macro_ap, "path_leads": self.path_leads}
+    @property
+    def deep_clearly_leads(self) -> bool:
+        """The deep part is clearly the stronger learner (the lower end of the paired interval above 0; without an
+        interval, the point estimates): distilling the teacher into it is then not worth a second training.
+
+        >>> PathLead(0.3007, 0.2999, (0.0008, -0.0017, 0.0031)).deep_clearly_leads
+        False
+        >>> PathLead(0.2495, 0.2437, (0.0058, 0.0009, 0.0124)).deep_clearly_leads, PathLead(0.3, 0.2).deep_clearly_leads
+        (True, True)
+        """
+        if self.deep_minus_path is None:
+            return self.deep_macro_ap > self.path_macro_ap
+        return self.deep_minus_path[1] > 0
+
+    def report(self) -> dict[str, Any]:
+        interval = None
+        if self.deep_minus_path is not None:
+            interval = dict(zip(("difference", "low", "high"), self.deep_minus_path, strict=True))
+            interval["level"] = CHOICE_LEVEL
+        return {
+            "deep_macro_ap": self.deep_macro_ap,
+            "path_macro_ap": self.path_macro_ap,
+            "path_leads": self.path_leads,
+            "deep_minus_path": interval,
+            "deep_clearly_leads": self.deep_clearly_leads,
+        }
 
 
-def path_leads(y: np.ndarray, deep: np.ndarray, path: np.ndarray) -> PathLead:
-    """Tuning macro AP of the first training's deep part and of the path alone (``(N, L)`` probabilities each,
-    ``y`` the ``(N, L)`` targets), rounded to 5 digits. The point estimates decide: where the two are close,
-    distillation leaves the model about level either way (thirty-sixth round), so a close call costs little.
+def path_leads(y: np.ndarray, deep: np.ndarray, path: np.ndarray, patients: np.ndarray | None = None) -> PathLead:
+    """Tuning macro AP of the first training's deep part and of its teacher (``(N, L)`` probabilities each, ``y``
+    the ``(N, L)`` targets), rounded to 5 digits, and the paired interval of their difference over ``patients``
+    (``(N,)``, each sample's patient; whole patients resampled; None: each sample its own).
 
-    >>> y = np.array([[1, 0], [0, 1], [1, 1], [0, 0]])
-    >>> good, poor = np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.6], [0.1, 0.2]]), np.full((4, 2), 0.5)
-    >>> path_leads(y, poor, good).path_leads, path_leads(y, good, poor).path_leads
-    (True, False)
+    >>> y = np.array([[1, 0], [0, 1], [1, 1], [0, 0]] * 10)
+    >>> good, poor = np.tile([[0.9, 0.1], [0.2, 0.8], [0.7, 0.6], [0.1, 0.2]], (10, 1)), np.full((40, 2), 0.5)
+    >>> path_leads(y, poor, good).path_leads, path_leads(y, good, poor).deep_clearly_leads
+    (True, True)
     """
-    return PathLead(round(macro_average_precision(y, deep), 5), round(macro_average_precision(y, path), 5))
+    patients = np.arange(len(y)) if patients is None else patients
+    difference = paired_difference(y, deep, path, patients)
+    return PathLead(round(macro_average_precision(y, deep), 5), round(macro_average_precision(y, path), 5), difference)
 
 
 @dataclass(frozen=True)
