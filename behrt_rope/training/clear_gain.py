@@ -34,10 +34,16 @@ class ClearChoice:
     def intervals(self) -> dict[str, Any]:
         """The paired differences to the reference as ``metrics.json`` records them: the level, then per other
         candidate ``{"difference", "low", "high"}``."""
-        over = {
-            f"{w:g}": dict(zip(("difference", "low", "high"), v, strict=True)) for w, v in self.over_reference.items()
-        }
-        return {"level": CHOICE_LEVEL, **over}
+        return {"level": CHOICE_LEVEL, **{f"{w:g}": interval_record(v) for w, v in self.over_reference.items()}}
+
+
+def interval_record(difference: tuple[float, float, float]) -> dict[str, float]:
+    """A paired ``(difference, low, high)`` as ``metrics.json`` records it.
+
+    >>> interval_record((0.002, -0.001, 0.005))
+    {'difference': 0.002, 'low': -0.001, 'high': 0.005}
+    """
+    return dict(zip(("difference", "low", "high"), difference, strict=True))
 
 
 def choose_clearly_better(

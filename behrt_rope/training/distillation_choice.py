@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from behrt_rope.errors import UserError
-from behrt_rope.training.clear_gain import CHOICE_LEVEL, choose_clearly_better, paired_difference
+from behrt_rope.training.clear_gain import CHOICE_LEVEL, choose_clearly_better, interval_record, paired_difference
 from behrt_rope.training.tasks import macro_average_precision
 
 DISTILLATION_GRID = (0.0, 0.8)
@@ -133,8 +133,7 @@ class PathLead:
     def report(self) -> dict[str, Any]:
         interval = None
         if self.deep_minus_path is not None:
-            interval = dict(zip(("difference", "low", "high"), self.deep_minus_path, strict=True))
-            interval["level"] = CHOICE_LEVEL
+            interval = {**interval_record(self.deep_minus_path), "level": CHOICE_LEVEL}
         return {
             "deep_macro_ap": self.deep_macro_ap,
             "path_macro_ap": self.path_macro_ap,
