@@ -17,7 +17,10 @@ patient, the classic reference), the gradient-boosted model and the oracle on th
 oracle's cuts (with 95% bootstrap intervals), the share of the logistic-regression-to-oracle gap each closes
 from either regression (macro AP, with a paired interval), the model's macro AP minus each reference's there (paired
 interval: is it ahead of gradient boosting?), the same predictors on every held-out sample (no oracle),
-and the CPU and wall seconds of each stage (CPU: user + system of the stage's process and its children). With
+the CPU and wall seconds of each stage (CPU: user + system of the stage's process and its children), what
+fine-tuning chose on the tuning split and how far its budget let it go (``finetune_choices``), and the thread
+setting the stages ran with (``torch_threads``: the budget is wall time, so one thread beside another run trains
+fewer epochs than two threads alone, the issue's 2 cores). With
 ``--with-wide`` a second model is fine-tuned from the same pre-trained encoder with ``model.wide=true`` (the
 bag-of-codes path, off by default) and scored at the same cuts (row ``model_with_wide_path``): what the wide
 path would add to the encoder. With ``--task 6m`` or ``--task 12m`` the model is fine-tuned for that window
@@ -60,6 +63,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import subprocess
 import sys
@@ -275,6 +279,7 @@ def run_cohort(
         "tokens_per_patient": manifest["sequence_length"]["mean"],
         "labels": finetune["labels"],
         "finetune_epochs": finetune["epochs"],
+        "finetune_choices": finetune_choices(finetune),
         **(at_oracle_cuts(metrics, wide_metrics) if metrics["ceiling"] else {}),
         **reached,
         "all_held_out": {
@@ -288,6 +293,40 @@ def run_cohort(
         "train_cpu_s": round(seconds["pretrain"]["cpu_s"] + seconds["finetune"]["cpu_s"], 1),
         "train_wall_s": round(seconds["pretrain"]["wall_s"] + seconds["finetune"]["wall_s"], 1),
     }
+
+
+def finetune_choices(finetune: dict[str, Any]) -> dict[str, Any]:
+    """What ``finetune`` chose on the tuning split and how far its budget let it go (its ``metrics.json``), so a
+    figure can be read without the run's log: the epochs and whether the time budget stopped them, the
+    distillation weight kept and the weights tried, the sparse time path's and the state path's shares, and the
+    stage's seconds. Keys a run did not record (older metrics, paths switched off) are left out.
+
+    >>> finetune_choices({"epochs": 19, "time_budget_stopped": True, "sparse_time_distillation": 0.8,
+    ...     "distillation_choice": {"weights_tried": [0.0, 0.8]}, "sparse_time_share": 0.25,
+    ...     "state_path": {"share": 0.0, "epochs": 43}, "stage_seconds": 714.1})
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'epochs': 19, 'time_budget_stopped': True, 'distillation_weight': 0.8, 'distillation_weights_tried': [0.0, 0.8],
+     'sparse_time_share': 0.25, 'state_path_share': 0.0, 'state_path_epochs': 43, 'stage_seconds': 714.1}
+    """
+    state = finetune.get("state_path") or {}
+    choices = {
+        "epochs": finetune.get("epochs"),
+        "time_budget_stopped": finetune.get("time_budget_stopped"),
+        "distillation_weight": finetune.get("sparse_time_distillation"),
+        "distillation_weights_tried": (finetune.get("distillation_choice") or {}).get("weights_tried"),
+        "sparse_time_share": finetune.get("sparse_time_share"),
+        "state_path_share": state.get("share"),
+        "state_path_epochs": state.get("epochs"),
+        "stage_seconds": finetune.get("stage_seconds"),
+    }
+    return {k: v for k, v in choices.items() if v is not None}
+
+
+def torch_threads() -> dict[str, Any]:
+    """The thread setting the stages inherit: ``OMP_NUM_THREADS`` (None: torch's default, one thread per core)
+    and this machine's core count. The fine-tuning budget is wall time, so a run on one thread beside another
+    trains fewer epochs than one alone on two cores (docs/benchmarks.md, "Fifty-third round")."""
+    return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "cpu_count": os.cpu_count()}
 
 
 def cohort_config(cohort: Path) -> SynthConfig:
@@ -650,6 +689,7 @@ def main(argv: list[str] | None = None) -> int:
             "split": args.split,
             "overrides": args.extra,
             "seed_offset": args.seed_offset,
+            "torch_threads": torch_threads(),
             "cohorts": {},
         }
         for name in args.cohorts:

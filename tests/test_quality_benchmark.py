@@ -13,6 +13,7 @@ from benchmarks.quality import (
     COHORTS,
     PREDICTORS,
     cohort_args,
+    finetune_choices,
     fitted_form_reach,
     markdown,
     model_lead,
@@ -220,3 +221,28 @@ def test_a_negative_seed_offset_is_refused(capsys):
     with pytest.raises(SystemExit):
         quality_main(["--seed-offset", "-1"])
     assert "--seed-offset must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_the_record_says_what_finetune_chose_and_leaves_out_what_it_did_not_record():
+    recorded = {
+        "epochs": 20,
+        "time_budget_stopped": False,
+        "sparse_time_distillation": 0.0,
+        "distillation_choice": {"weights_tried": [0.0]},
+        "sparse_time_share": 0.6,
+        "state_path": {"share": 0.5, "epochs": 31, "fitted": True},
+        "stage_seconds": 702.5,
+        "tuning_macro_ap": 0.31,
+    }
+    assert finetune_choices(recorded) == {
+        "epochs": 20,
+        "time_budget_stopped": False,
+        "distillation_weight": 0.0,
+        "distillation_weights_tried": [0.0],
+        "sparse_time_share": 0.6,
+        "state_path_share": 0.5,
+        "state_path_epochs": 31,
+        "stage_seconds": 702.5,
+    }
+    # a run without the state path or the distillation choice (older metrics, paths off): only what it recorded
+    assert finetune_choices({"epochs": 8, "sparse_time_share": 0.5}) == {"epochs": 8, "sparse_time_share": 0.5}
