@@ -33,6 +33,7 @@ def _config(first_record: bool) -> ModelConfig:
         label_code_tie=False,
         label_own_code=False,
         label_first_record=first_record,
+        label_time_steps=False,  # GELU ramps: e[0] is GELU(log(1 + days)) in the test below
         vocab_size=12,
         hidden_size=KEY_SIZE,
         num_heads=2,

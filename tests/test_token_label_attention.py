@@ -42,7 +42,12 @@ def _attention(time_weight: float) -> TokenLabelAttention:
     """One head, one label: the query picks out CODE; its vote is 1 per CODE token; the time bias is
     ``time_weight`` x log(1 + days since the token)."""
     config = ModelConfig(
-        label_code_tie=False, vocab_size=10, hidden_size=KEY_SIZE, num_heads=2, label_attention_heads=1
+        label_code_tie=False,
+        label_time_steps=False,  # GELU ramps, so that e[0] below is GELU(log(1 + days))
+        vocab_size=10,
+        hidden_size=KEY_SIZE,
+        num_heads=2,
+        label_attention_heads=1,
     )
     attention = TokenLabelAttention(config, num_labels=1)
     with torch.no_grad():

@@ -11,9 +11,11 @@ label-specific function of the time elapsed between ``t`` and the scored visit:
     vote(l, t)  = u_l . h_t + c_l . e(t)              [+ o_l if t is l's own code] [+ g_l if t is a first record]
     logit_l    += sum_heads [ softmax_t'(sink_l, score(l, t')) . (v_sink_l, vote(l, t')) ]
 
-with ``e(t)`` learned features of ``log(1 + days since t)`` and ``log(1 + visits since t)``. The softmax
-picks out the tokens relevant to ``l`` (typically ``l`` itself and what predicts it); the time bias lets each
-label prefer recent or old records; a learned *sink* takes the weight when nothing relevant was recorded,
+with ``e(t)`` learned features of ``log(1 + days since t)`` and ``log(1 + visits since t)``: sigmoid steps that
+start at fixed knots (``config.label_time_steps``, :func:`step_features`), so that a label can weigh records of an
+age window as sharply as binned features do, or GELU ramps of a random start (models saved before session 59).
+The softmax picks out the tokens relevant to ``l`` (typically ``l`` itself and what predicts it); the time bias
+lets each label prefer recent or old records; a learned *sink* takes the weight when nothing relevant was recorded,
 so the mass on real tokens grows with how often they were recorded. With ``config.label_own_code`` a label
 also has a learned score and vote bias (``s_l``, ``o_l``, per head) on the records of its own code: a copy
 prior, since a diagnosis already on file is the first thing that predicts it. With ``config.label_first_record``
@@ -55,6 +57,12 @@ KEY_SIZE = 16
 """Size of each head's label queries and token keys: a query only has to pick out a few codes."""
 ELAPSED_SIZE = 16
 """Width of the learned features of the time elapsed since a token was recorded."""
+STEP_DAYS = (7, 14, 30, 61, 91, 122, 152, 183, 243, 365, 730, 1826)
+"""With ``config.label_time_steps``, the days at which the elapsed-time steps start (one feature each)."""
+STEP_VISITS = (1.5, 2.5, 4.5, 8.5)
+"""... and the visits since (between whole counts, so that 1, 2, 3-4, 5-8 and more visits fall apart)."""
+STEP_SLOPE = 16.0
+"""Starting slope of each step per unit of log(1 + time): 10% to 90% within about 12% of the knot's time."""
 CHUNK_SCORES = 4_000_000
 """Most ``N x nh x L x T`` scores computed at once; larger batches are split over scored positions."""
 
@@ -96,7 +104,7 @@ class TokenLabelAttention(nn.Module):
         self.query = nn.Parameter(torch.randn(nh, num_labels, k) * INIT_STD)
         self.key = nn.Linear(config.hidden_size, nh * k)
         self.sink_key = nn.Parameter(torch.zeros(nh, k))
-        self.elapsed = nn.Sequential(nn.Linear(2, E), nn.GELU())
+        self.elapsed = step_features() if config.label_time_steps else nn.Sequential(nn.Linear(2, E), nn.GELU())
         self.time_bias = nn.Parameter(torch.zeros(nh, num_labels, E))
         # Votes start at zero, so the path starts silent and the rest of the model is undisturbed.
         self.value = nn.Linear(config.hidden_size, nh * num_labels, bias=False)
@@ -277,6 +285,27 @@ class TokenLabelAttention(nn.Module):
         scores = torch.where(later[:, None, None, :], float("-inf"), visit_match + time_bias)  # (n, nh, L, 1 + V)
         weights = torch.softmax(scores, dim=-1)  # (n, nh, L, 1 + V)
         return (weights * (visit_votes + time_votes)).sum(-1).sum(1)  # (n, L)
+
+
+def step_features() -> nn.Sequential:
+    """``(..., 2)`` log(1 + days), log(1 + visits) -> ``(..., ELAPSED_SIZE)`` sigmoid steps starting at
+    :data:`STEP_DAYS` and :data:`STEP_VISITS` with slope :data:`STEP_SLOPE` (weights and knots stay learned).
+
+    >>> steps = step_features()
+    >>> x = torch.log1p(torch.tensor([[10.0, 1.0], [200.0, 6.0]]))
+    >>> (steps(x) > 0.5).int().tolist()
+    [[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0]]
+    """
+    if len(STEP_DAYS) + len(STEP_VISITS) != ELAPSED_SIZE:
+        raise ValueError(f"{len(STEP_DAYS)} + {len(STEP_VISITS)} steps must make ELAPSED_SIZE={ELAPSED_SIZE}")
+    linear = nn.Linear(2, ELAPSED_SIZE)
+    knots = torch.log1p(torch.tensor([*STEP_DAYS, *STEP_VISITS], dtype=torch.float32))
+    reads = torch.tensor([0] * len(STEP_DAYS) + [1] * len(STEP_VISITS))
+    with torch.no_grad():
+        linear.weight.zero_()
+        linear.weight[torch.arange(ELAPSED_SIZE), reads] = STEP_SLOPE
+        linear.bias.copy_(-STEP_SLOPE * knots)
+    return nn.Sequential(linear, nn.Sigmoid())
 
 
 def first_records(token_ids: torch.Tensor) -> torch.Tensor:

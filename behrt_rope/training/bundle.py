@@ -37,6 +37,7 @@ ADDED_LATER: dict[str, Any] = {
     "sex_embedding": False,
     "label_code_tie": False,
     "label_first_record": False,
+    "label_time_steps": False,
     "sparse_time": False,
     "visit_gap": False,
     "state_filter": 0,
