@@ -88,13 +88,13 @@ class ModelConfig:
     label_time_steps: bool = True
     """Fine-tuning head (token label attention): the learned features of the time since a token was recorded
     are sigmoid steps over log(1 + days) and log(1 + visits), starting at fixed knots (a week, two weeks, each
-    month of the first half year, 8 months, 1, 2 and 5 years; 1, 2, 4 and 8 visits; ``token_label_attention.
-    STEP_DAYS``), so that a label can weigh records of an age window (a staircase; a bump as the difference of
-    neighbouring steps) as sharply as binned features do; knots and slopes stay learned. On since session 59:
-    on 45% tuning splits the deep part +0.0010 tuning macro AP on a clinical draw (delivery, due a few months
-    after the first prenatal record: +0.03 to +0.06 AP on its three codes, the other labels level), level on a
-    progression draw and a recurrence draw (docs/benchmarks.md, "Fifty-fifth round"). False: GELU ramps of a
-    random start, smooth in log time (the features of models saved before)."""
+    month of the first half year, 8 months, 1, 2 and 5 years; 1, 2, 4 and 8 visits;
+    ``token_label_attention.STEP_DAYS``), so that a label can weigh records of an age window (a staircase; a
+    bump as the difference of neighbouring steps) as sharply as binned features do; knots and slopes stay
+    learned. On since session 59: on 45% tuning splits the deep part +0.0010 tuning macro AP on a clinical draw
+    (delivery, due a few months after the first prenatal record: +0.03 to +0.06 AP on its three codes, the other
+    labels level), level on a progression draw and a recurrence draw (docs/benchmarks.md, "Fifty-fifth round").
+    False: GELU ramps of a random start, smooth in log time (the features of models saved before)."""
     label_code_tie: bool = True
     """Fine-tuning head (visit pooling): each per-label parameter of the classifier and of the label attention
     is its free value plus a shared map of the label's own code embedding (``label_codes.py``), so that labels
