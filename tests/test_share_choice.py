@@ -1,0 +1,46 @@
+"""``benchmarks/share_choice.py``: per-label shares go where each label's better part is; the study scores them
+on patients that did not choose them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.share_choice import method_shares, study
+
+
+def _two_labels(n: int = 600, seed: int = 0) -> dict[str, np.ndarray]:
+    """Label 0: the deep logit knows the answer, the path's is noise; label 1: the other way round."""
+    rng = np.random.default_rng(seed)
+    y = (rng.random((n, 2)) < 0.3).astype(np.int64)
+    signal, noise = 3.0 * (2 * y - 1) + rng.normal(size=(n, 2)), 3.0 * rng.normal(size=(n, 2))
+    deep = np.stack([signal[:, 0], noise[:, 1]], axis=1)
+    path = np.stack([noise[:, 0], signal[:, 1]], axis=1)
+    return {"y": y, "patients": np.arange(n) // 3, "deep": deep, "path": path, "state_share": np.array(0.0)}
+
+
+def test_a_share_per_label_follows_the_part_that_knows_the_label():
+    data = _two_labels()
+    shares, common = method_shares(data["y"], data["deep"], data["path"])
+    own = shares["per_label"]
+    assert own[0] <= 0.25 and own[1] >= 0.75
+    assert 0.25 <= common <= 0.75  # one share for both labels cannot follow either
+    for k in (5, 20, 50):  # shrunk towards the common share, but with 180 positives most of the way
+        shrunk = shares[f"per_label_shrunk_{k}"]
+        assert np.all(np.abs(shrunk - common) <= np.abs(own - common) + 1e-12)
+        assert shrunk[0] < common < shrunk[1]
+
+
+def test_the_study_scores_each_method_on_patients_that_did_not_choose_it():
+    result = study(_two_labels(), choose_patients=60, repeats=4, seed=1)
+    methods = result["methods"]
+    assert methods["common_share"]["minus_common_share"] == 0.0
+    assert methods["per_label"]["minus_common_share"] > 0.05 and methods["per_label"]["wins"] == 1.0
+    assert methods["per_label"]["macro_ap"] > max(methods["deep_alone"]["macro_ap"], methods["path_alone"]["macro_ap"])
+    assert sum(result["common_share_chosen"].values()) == 4
+    assert result["tuning_patients"] == 200 and result["labels"] == 2
+
+
+def test_the_study_needs_patients_left_to_score():
+    with pytest.raises(SystemExit, match="leaves no tuning patients"):
+        study(_two_labels(n=30), choose_patients=10, repeats=1, seed=0)
