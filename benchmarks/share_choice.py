@@ -2,18 +2,19 @@
 
     python benchmarks/share_choice.py --data ETL_DIR --model FINETUNE_DIR [--choose-patients 400] [--repeats 40]
 
-``finetune`` sets one share of the sparse time path for all labels, the best of ``SHARE_GRID`` by macro AP
-on the tuning split (``behrt_rope.training.sparse_time_fit``). This study asks whether a share per label
-(the best of a finer grid by each label's AP), or one shrunk towards the common share by the label's number
-of positives (``n / (n + k)`` of the way), or a fixed share, would rank better. It needs a model fine-tuned
+``finetune`` sets one share of the sparse time path for all labels (``behrt_rope.training.sparse_time_fit``):
+until session 60 the best of ``SHARE_GRID`` by macro AP on the tuning split (``best_point_estimate``), since
+then 0.5 unless another share is clearly better there (``clearly_better_than_0.5``). This study asks which of
+these, a share per label (the best of a finer grid by each label's AP), one shrunk towards the common share by
+the label's number of positives (``n / (n + k)`` of the way), or a fixed share, ranks best. It needs a model fine-tuned
 on an ETL output with a *large* tuning split (``etl.split.tuning=0.45``, about 3,500 patients): the tuning
 split's logits of each part are scored once, then, ``--repeats`` times, ``--choose-patients`` random tuning
 patients (the size of the default 5% split of 8,000) choose each share and the remaining tuning patients
 score it. Nothing is read from the held-out split. With a state path its share stays the model's.
 
 Prints ONE JSON object: per method, the mean macro AP on the scoring patients, the mean difference from the
-choice ``finetune`` makes (``common_share``) with its standard deviation over the repeats and the share of
-repeats it wins; and how often each common share was chosen.
+best point estimate with its standard deviation over the repeats and the share of repeats it wins; and how
+often each share was the best point estimate.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targe
 from behrt_rope.data.sequences import load_tokens, load_vocabulary  # noqa: E402
 from behrt_rope.training.bundle import load_bundle  # noqa: E402
 from behrt_rope.training.inference import Part, multilabel_model, score_parts  # noqa: E402
-from behrt_rope.training.sparse_time_fit import SHARE_GRID, best_share, choose_share  # noqa: E402
+from behrt_rope.training.sparse_time_fit import SHARE_GRID, best_share, choose_share, clear_share  # noqa: E402
 
 FINE_GRID = tuple(np.round(np.linspace(0.0, 1.0, 21), 2))
 """Shares a label may get on its own."""
@@ -76,9 +77,11 @@ def label_aps(y: np.ndarray, scores: np.ndarray) -> np.ndarray:
     return out
 
 
-def method_shares(y: np.ndarray, deep: np.ndarray, path: np.ndarray) -> tuple[dict[str, np.ndarray], float]:
-    """``(L,)`` shares of each method, chosen on ``y`` ``(N, L)`` with the parts' ``(N, L)`` logits; and the
-    common share ``finetune`` would choose."""
+def method_shares(
+    y: np.ndarray, deep: np.ndarray, path: np.ndarray, patients: np.ndarray
+) -> tuple[dict[str, np.ndarray], float]:
+    """``(L,)`` shares of each method, chosen on ``y`` ``(N, L)`` with the parts' ``(N, L)`` logits (``patients``
+    ``(N,)`` each sample's patient); and the best point estimate among the common shares (the rule until session 60)."""
     common = best_share(choose_share(deep, path, y))
     by_share = np.stack([label_aps(y, (1 - w) * deep + w * path) for w in FINE_GRID])  # (shares, L)
     seen = ~np.isnan(by_share[0])
@@ -86,7 +89,8 @@ def method_shares(y: np.ndarray, deep: np.ndarray, path: np.ndarray) -> tuple[di
     positives = y.sum(0)
     labels = y.shape[1]
     shares = {
-        "common_share": np.full(labels, common),
+        "best_point_estimate": np.full(labels, common),
+        "clearly_better_than_0.5": np.full(labels, clear_share(deep, path, y, patients).chosen),
         "fixed_0.4": np.full(labels, 0.4),
         "fixed_0.5": np.full(labels, 0.5),
         "deep_alone": np.zeros(labels),
@@ -110,7 +114,7 @@ def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, see
     commons: list[float] = []
     for _ in range(repeats):
         choose = np.isin(patients, rng.choice(everyone, choose_patients, replace=False))
-        shares, common = method_shares(y[choose], deep[choose], path[choose])
+        shares, common = method_shares(y[choose], deep[choose], path[choose], patients[choose])
         commons.append(common)
         rest = ~choose
         for name, share in shares.items():
@@ -118,13 +122,13 @@ def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, see
             if state_share > 0:
                 mixed = (1 - state_share) * mixed + state_share * logits["states"][rest]
             scores.setdefault(name, []).append(float(np.nanmean(label_aps(y[rest], mixed))))
-    reference = np.array(scores["common_share"])
+    reference = np.array(scores["best_point_estimate"])
     methods = {}
     for name, values in scores.items():
         diff = np.array(values) - reference
         methods[name] = {
             "macro_ap": round(float(np.mean(values)), 5),
-            "minus_common_share": round(float(diff.mean()), 5),
+            "minus_best_point_estimate": round(float(diff.mean()), 5),
             "sd": round(float(diff.std()), 5),
             "wins": round(float(np.mean(diff > 0)), 2),
         }
@@ -135,7 +139,7 @@ def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, see
         "choose_patients": choose_patients,
         "repeats": repeats,
         "share_grid": list(SHARE_GRID),
-        "common_share_chosen": {str(k): v for k, v in sorted(Counter(commons).items())},
+        "best_point_estimate_chosen": {str(k): v for k, v in sorted(Counter(commons).items())},
         "state_share": state_share,
         "methods": methods,
     }

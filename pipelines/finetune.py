@@ -110,8 +110,9 @@ class Config:
     default until session 34). The model keeps a weight per bin either way (``evaluation/sparse_time.py``)."""
     sparse_time_share: float | None = None
     """With model.sparse_time, the path's weight in the model's logit (the deep part has 1 minus it); null:
-    the one of ``training.sparse_time_fit.SHARE_GRID`` with the best tuning macro AP after training (0.5
-    without a tuning split)."""
+    0.5 unless another of ``training.sparse_time_fit.SHARE_GRID`` has a clearly better tuning macro AP after
+    training (its paired 90% interval over the tuning patients above 0; until session 60 the best point
+    estimate), 0.5 without a tuning split."""
     sparse_time_distillation: float | None = None
     """With model.sparse_time, the weight of the path's probabilities as soft targets in the deep part's loss:
     ``(1 - w) x BCE(labels) + w x BCE(path's probabilities)`` (knowledge distillation). The deep part still
@@ -458,8 +459,10 @@ def _set_shares(
     what ``metrics.json`` records of them (the chains' fit report joins the state path's)."""
     shares: dict[str, Any] = {}
     if model.sparse_time is not None:
-        deep, path = (scores.deep[weight], scores.path) if scores is not None else (None, None)
-        shares = set_path_share(model, config.sparse_time_share, y, deep, path)
+        deep, path, patients = (
+            (scores.deep[weight], scores.path, scores.patients) if scores is not None else (None, None, None)
+        )
+        shares = set_path_share(model, config.sparse_time_share, y, deep, path, patients)
     if chains is not None:
         shares["state_path"] = chains
         if chains.get("fitted"):

@@ -21,7 +21,7 @@ def _two_labels(n: int = 600, seed: int = 0) -> dict[str, np.ndarray]:
 
 def test_a_share_per_label_follows_the_part_that_knows_the_label():
     data = _two_labels()
-    shares, common = method_shares(data["y"], data["deep"], data["path"])
+    shares, common = method_shares(data["y"], data["deep"], data["path"], data["patients"])
     own = shares["per_label"]
     assert own[0] <= 0.25 and own[1] >= 0.75
     assert 0.25 <= common <= 0.75  # one share for both labels cannot follow either
@@ -34,10 +34,10 @@ def test_a_share_per_label_follows_the_part_that_knows_the_label():
 def test_the_study_scores_each_method_on_patients_that_did_not_choose_it():
     result = study(_two_labels(), choose_patients=60, repeats=4, seed=1)
     methods = result["methods"]
-    assert methods["common_share"]["minus_common_share"] == 0.0
-    assert methods["per_label"]["minus_common_share"] > 0.05 and methods["per_label"]["wins"] == 1.0
+    assert methods["best_point_estimate"]["minus_best_point_estimate"] == 0.0
+    assert methods["per_label"]["minus_best_point_estimate"] > 0.05 and methods["per_label"]["wins"] == 1.0
     assert methods["per_label"]["macro_ap"] > max(methods["deep_alone"]["macro_ap"], methods["path_alone"]["macro_ap"])
-    assert sum(result["common_share_chosen"].values()) == 4
+    assert sum(result["best_point_estimate_chosen"].values()) == 4
     assert result["tuning_patients"] == 200 and result["labels"] == 2
 
 
