@@ -38,7 +38,8 @@ from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targe
 from behrt_rope.data.sequences import load_tokens, load_vocabulary  # noqa: E402
 from behrt_rope.training.bundle import load_bundle  # noqa: E402
 from behrt_rope.training.inference import Part, multilabel_model, score_parts  # noqa: E402
-from behrt_rope.training.sparse_time_fit import SHARE_GRID, best_share, choose_share, clear_share  # noqa: E402
+from behrt_rope.training.sparse_time_fit import SHARE_GRID, clear_share  # noqa: E402
+from behrt_rope.training.tasks import macro_average_precision  # noqa: E402
 
 FINE_GRID = tuple(np.round(np.linspace(0.0, 1.0, 21), 2))
 """Shares a label may get on its own."""
@@ -68,6 +69,18 @@ def tuning_logits(data: str, model_dir: str) -> dict[str, np.ndarray]:
     }
 
 
+def best_point_estimate(deep: np.ndarray, path: np.ndarray, y: np.ndarray) -> float:
+    """The common share of ``SHARE_GRID`` with the best macro AP of ``(1 - w) deep + w path`` (``(N, L)`` logits)
+    against ``y``, ties to the more even mix: ``finetune``'s rule until session 60.
+
+    >>> y = np.array([[1], [0], [1], [0]])
+    >>> best_point_estimate(np.array([[2.0], [1.0], [-1.0], [0.0]]), np.array([[1.0], [0.0], [1.0], [-1.0]]), y)
+    0.75
+    """
+    scores = {w: round(macro_average_precision(y, (1 - w) * deep + w * path), 5) for w in SHARE_GRID}
+    return max(scores, key=lambda w: (scores[w], -abs(w - 0.5)))
+
+
 def label_aps(y: np.ndarray, scores: np.ndarray) -> np.ndarray:
     """``(L,)`` AP of each label (NaN for a label without both classes in ``y``)."""
     out = np.full(y.shape[1], np.nan)
@@ -82,7 +95,7 @@ def method_shares(
 ) -> tuple[dict[str, np.ndarray], float]:
     """``(L,)`` shares of each method, chosen on ``y`` ``(N, L)`` with the parts' ``(N, L)`` logits (``patients``
     ``(N,)`` each sample's patient); and the best point estimate among the common shares (the rule until session 60)."""
-    common = best_share(choose_share(deep, path, y))
+    common = best_point_estimate(deep, path, y)
     by_share = np.stack([label_aps(y, (1 - w) * deep + w * path) for w in FINE_GRID])  # (shares, L)
     seen = ~np.isnan(by_share[0])
     own = np.where(seen, np.asarray(FINE_GRID)[np.nanargmax(np.where(seen, by_share, -1.0), axis=0)], common)

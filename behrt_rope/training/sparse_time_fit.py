@@ -30,7 +30,6 @@ from behrt_rope.evaluation.sparse_time import (
 from behrt_rope.evaluation.time_features import TimeFeatures, time_features
 from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.training.clear_gain import ClearChoice, choose_clearly_better
-from behrt_rope.training.tasks import macro_average_precision
 
 log = logging.getLogger("behrt_rope.finetune")
 SHARE_GRID = (0.25, 0.4, 0.5, 0.6, 0.75)
@@ -144,31 +143,12 @@ def set_path_share(
     return {"sparse_time_share": float(model.sparse_time.share)}
 
 
-def choose_share(deep: np.ndarray, path: np.ndarray, y: np.ndarray) -> dict[float, float]:
-    """Tuning macro AP of ``(1 - w) deep + w path`` (``(N, L)`` logits) for each ``w`` of :data:`SHARE_GRID`.
-
-    >>> y = np.array([[1], [0], [1], [0]])
-    >>> choose_share(np.array([[2.0], [1.0], [-1.0], [0.0]]), np.array([[1.0], [0.0], [1.0], [-1.0]]), y)[0.75]
-    1.0
-    """
-    return {w: round(macro_average_precision(y, (1 - w) * deep + w * path), 5) for w in SHARE_GRID}
-
-
 def clear_share(deep: np.ndarray, path: np.ndarray, y: np.ndarray, patients: np.ndarray) -> ClearChoice:
     """:data:`EQUAL_SHARE` unless another share of :data:`SHARE_GRID` is clearly better on the tuning samples
     (``y`` their ``(N, L)`` targets, ``patients`` ``(N,)`` each one's patient, ``deep`` and ``path`` the ``(N, L)``
     logits of the two parts; :func:`~behrt_rope.training.clear_gain.choose_clearly_better`)."""
     mixes = {w: expit((1 - w) * deep + w * path) for w in SHARE_GRID}  # (N, L) probabilities
     return choose_clearly_better(y, mixes, patients, reference=EQUAL_SHARE)
-
-
-def best_share(scores: dict[float, float]) -> float:
-    """The share with the best tuning macro AP in ``scores`` (:func:`choose_share`); ties go to the more even mix.
-
-    >>> best_share({0.25: 0.3, 0.4: 0.31, 0.6: 0.31})
-    0.4
-    """
-    return max(scores, key=lambda w: (scores[w], -abs(w - 0.5)))
 
 
 def logit(probs: np.ndarray) -> np.ndarray:
