@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.metrics import average_precision_score
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -36,6 +35,7 @@ from behrt_rope import config as config_lib  # noqa: E402
 from behrt_rope import schema as S  # noqa: E402
 from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targets  # noqa: E402
 from behrt_rope.data.sequences import load_tokens, load_vocabulary  # noqa: E402
+from behrt_rope.evaluation.metrics import per_column_scores  # noqa: E402
 from behrt_rope.training.bundle import load_bundle  # noqa: E402
 from behrt_rope.training.inference import Part, multilabel_model, score_parts  # noqa: E402
 from behrt_rope.training.sparse_time_fit import SHARE_GRID, clear_share  # noqa: E402
@@ -81,22 +81,13 @@ def best_point_estimate(deep: np.ndarray, path: np.ndarray, y: np.ndarray) -> fl
     return max(scores, key=lambda w: (scores[w], -abs(w - 0.5)))
 
 
-def label_aps(y: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """``(L,)`` AP of each label (NaN for a label without both classes in ``y``)."""
-    out = np.full(y.shape[1], np.nan)
-    for j in range(y.shape[1]):
-        if 0 < y[:, j].sum() < len(y):
-            out[j] = average_precision_score(y[:, j], scores[:, j])
-    return out
-
-
 def method_shares(
     y: np.ndarray, deep: np.ndarray, path: np.ndarray, patients: np.ndarray
 ) -> tuple[dict[str, np.ndarray], float]:
     """``(L,)`` shares of each method, chosen on ``y`` ``(N, L)`` with the parts' ``(N, L)`` logits (``patients``
     ``(N,)`` each sample's patient); and the best point estimate among the common shares (the rule until session 60)."""
     common = best_point_estimate(deep, path, y)
-    by_share = np.stack([label_aps(y, (1 - w) * deep + w * path) for w in FINE_GRID])  # (shares, L)
+    by_share = np.stack([per_column_scores(y, (1 - w) * deep + w * path)[0] for w in FINE_GRID])  # (shares, L)
     seen = ~np.isnan(by_share[0])
     own = np.where(seen, np.asarray(FINE_GRID)[np.nanargmax(np.where(seen, by_share, -1.0), axis=0)], common)
     positives = y.sum(0)
@@ -134,7 +125,7 @@ def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, see
             mixed = (1 - share) * deep[rest] + share * path[rest]
             if state_share > 0:
                 mixed = (1 - state_share) * mixed + state_share * logits["states"][rest]
-            scores.setdefault(name, []).append(float(np.nanmean(label_aps(y[rest], mixed))))
+            scores.setdefault(name, []).append(float(np.nanmean(per_column_scores(y[rest], mixed)[0])))
     reference = np.array(scores["best_point_estimate"])
     methods = {}
     for name, values in scores.items():
