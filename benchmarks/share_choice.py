@@ -6,7 +6,9 @@
 until session 60 the best of ``SHARE_GRID`` by macro AP on the tuning split (``best_point_estimate``), since
 then 0.5 unless another share is clearly better there (``clearly_better_than_0.5``). This study asks which of
 these, a share per label (the best of a finer grid by each label's AP), one shrunk towards the common share by
-the label's number of positives (``n / (n + k)`` of the way), or a fixed share, ranks best. It needs a model fine-tuned
+the label's number of positives (``n / (n + k)`` of the way), shares chosen by the tuning cross-entropy instead of
+AP (one for all labels, or one per label: the loss reads every sample, not only the ranking of the few positives),
+or a fixed share, ranks best. It needs a model fine-tuned
 on an ETL output with a *large* tuning split (``etl.split.tuning=0.45``, about 3,500 patients): the tuning
 split's logits of each part are scored once, then, ``--repeats`` times, ``--choose-patients`` random tuning
 patients (the size of the default 5% split of 8,000) choose each share and the remaining tuning patients
@@ -45,6 +47,16 @@ FINE_GRID = tuple(np.round(np.linspace(0.0, 1.0, 21), 2))
 """Shares a label may get on its own."""
 SHRINKAGE = (5, 20, 50)
 """Pseudo-positives ``k`` of the shrunk per-label shares."""
+
+
+def loss_by_label(y: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """``(L,)`` mean binary cross-entropy (nats) of ``(N, L)`` ``logits`` against ``y``, each label over its ``N``
+    samples; stable for large logits.
+
+    >>> loss_by_label(np.array([[1, 0]]), np.array([[0.0, 0.0]])).round(4)
+    array([0.6931, 0.6931])
+    """
+    return np.mean(np.logaddexp(0.0, logits) - y * logits, axis=0)
 
 
 def tuning_logits(data: str, model_dir: str) -> dict[str, np.ndarray]:
@@ -90,6 +102,7 @@ def method_shares(
     by_share = np.stack([per_column_scores(y, (1 - w) * deep + w * path)[0] for w in FINE_GRID])  # (shares, L)
     seen = ~np.isnan(by_share[0])
     own = np.where(seen, np.asarray(FINE_GRID)[np.nanargmax(np.where(seen, by_share, -1.0), axis=0)], common)
+    losses = np.stack([loss_by_label(y, (1 - w) * deep + w * path) for w in FINE_GRID])  # (shares, L)
     positives = y.sum(0)
     labels = y.shape[1]
     shares = {
@@ -100,6 +113,8 @@ def method_shares(
         "deep_alone": np.zeros(labels),
         "path_alone": np.ones(labels),
         "per_label": own,
+        "common_by_loss": np.full(labels, FINE_GRID[int(np.argmin(losses.mean(1)))]),
+        "per_label_by_loss": np.asarray(FINE_GRID)[np.argmin(losses, axis=0)],
     }
     for k in SHRINKAGE:
         shares[f"per_label_shrunk_{k}"] = common + positives / (positives + k) * (own - common)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.share_choice import method_shares, study
+from benchmarks.share_choice import loss_by_label, method_shares, study
 
 
 def _two_labels(n: int = 600, seed: int = 0) -> dict[str, np.ndarray]:
@@ -31,6 +31,17 @@ def test_a_share_per_label_follows_the_part_that_knows_the_label():
         assert shrunk[0] < common < shrunk[1]
 
 
+def test_shares_chosen_by_tuning_loss_follow_the_better_part():
+    data = _two_labels()
+    shares, _ = method_shares(data["y"], data["deep"], data["path"], data["patients"])
+    by_loss = shares["per_label_by_loss"]
+    assert by_loss[0] <= 0.2 and by_loss[1] >= 0.8
+    assert 0.2 <= shares["common_by_loss"][0] <= 0.8  # one share for both: neither end
+    deep_only = {**data, "path": 3.0 * np.random.default_rng(5).normal(size=data["y"].shape)}
+    shares, _ = method_shares(data["y"], deep_only["deep"], deep_only["path"], data["patients"])
+    assert shares["common_by_loss"][0] <= 0.25  # a path of pure noise gets little of the logit
+
+
 def test_the_study_scores_each_method_on_patients_that_did_not_choose_it():
     result = study(_two_labels(), choose_patients=60, repeats=4, seed=1)
     methods = result["methods"]
@@ -39,6 +50,13 @@ def test_the_study_scores_each_method_on_patients_that_did_not_choose_it():
     assert methods["per_label"]["macro_ap"] > max(methods["deep_alone"]["macro_ap"], methods["path_alone"]["macro_ap"])
     assert sum(result["best_point_estimate_chosen"].values()) == 4
     assert result["tuning_patients"] == 200 and result["labels"] == 2
+
+
+def test_loss_by_label_is_the_mean_cross_entropy_of_each_label():
+    y = np.array([[1, 0], [0, 0]])
+    logits = np.array([[2.0, -1.0], [0.0, 800.0]])  # a huge wrong logit stays finite
+    expected_0 = (np.log1p(np.exp(-2.0)) + np.log(2.0)) / 2
+    np.testing.assert_allclose(loss_by_label(y, logits), [expected_0, (np.log1p(np.exp(-1.0)) + 800.0) / 2])
 
 
 def test_the_study_needs_patients_left_to_score():
