@@ -42,13 +42,13 @@ from behrt_rope.training.checkpoints import load_task_weights
 from behrt_rope.training.clear_gain import CHOICE_LEVEL
 from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.distillation_choice import (
-    PREFERRED_WEIGHT,
     PathLead,
     WeightChoice,
     candidate_weights,
     chains_seconds,
     choose_weight,
     path_leads,
+    preferred_weight,
     room_for_another,
 )
 from behrt_rope.training.loaders import SplitData, make_loader, padding_report
@@ -120,9 +120,11 @@ class Config:
     alone. null: trained at 0, then at 0.8 when the teacher (the path alone, or with ``state_path_teacher`` the
     path and the state path's chains) scores a better tuning macro AP than that first deep part (the teacher is
     the stronger learner) and the time budget has room for a second training (at least
-    the first one's time left), keeping 0.8 unless the deep part alone at 0 scores a clearly better tuning
-    macro AP (a paired bootstrap over the tuning patients; ``training.distillation_choice``; ``metrics.json``
-    ``distillation_choice``); further runs go to OUT/distillation_W."""
+    the first one's time left), keeping the weight of the learner that led in that first comparison (0.8 where
+    the teacher scored better, 0 where the deep part did, though not clearly) unless the other weight's deep part
+    scores a clearly better tuning macro AP (a paired bootstrap over the tuning patients;
+    ``training.distillation_choice``; ``metrics.json`` ``distillation_choice``); further runs go to
+    OUT/distillation_W."""
     sparse_time_max_samples: int = 50_000
     """With model.sparse_time, fit the path on at most this many train samples (a seeded subsample), to bound
     its time and memory (its features take 24 bytes per sample and label); the deep part trains on all of
@@ -525,10 +527,12 @@ def _choose_run(
     if len(weights) == 1 or scores is None:
         return runs[0], {"sparse_time_distillation": runs[0].distillation}
     if len(runs) == 1 and lead is not None:  # one training: nothing to compare, its score is the path check's
-        choice = WeightChoice(runs[0].distillation, {runs[0].distillation: lead.deep_macro_ap}, {})
+        choice = WeightChoice(
+            runs[0].distillation, {runs[0].distillation: lead.deep_macro_ap}, {}, preferred_weight(lead)
+        )
     else:
         probs = {run.distillation: expit(scores.deep[run.distillation]) for run in runs}
-        choice = choose_weight(scores.y, probs, scores.patients)
+        choice = choose_weight(scores.y, probs, scores.patients, preferred=preferred_weight(lead))
     tried = [run.distillation for run in runs]
     chosen = runs[tried.index(choice.weight)]
     log.info(
@@ -537,7 +541,7 @@ def _choose_run(
         tried,
         list(choice.macro_ap.values()),
         "".join(
-            f"; {w:g} minus {PREFERRED_WEIGHT:g}: {d:+.4f} ({lo:+.4f} to {hi:+.4f})"
+            f"; {w:g} minus {choice.preferred:g}: {d:+.4f} ({lo:+.4f} to {hi:+.4f})"
             for w, (d, lo, hi) in choice.over_preferred.items()
         ),
         chosen.distillation,
@@ -549,7 +553,7 @@ def _choose_run(
             "weights_not_tried": list(weights[len(runs) :]),
             "first_training_against_path": lead.report() if lead is not None else None,
             "tuning_deep_macro_ap": {f"{w:g}": ap for w, ap in choice.macro_ap.items()},
-            "preferred_weight": PREFERRED_WEIGHT,
+            "preferred_weight": choice.preferred,
             "tuning_deep_macro_ap_minus_preferred": {
                 f"{w:g}": {"difference": d, "low": lo, "high": hi, "level": CHOICE_LEVEL}
                 for w, (d, lo, hi) in choice.over_preferred.items()

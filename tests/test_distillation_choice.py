@@ -23,6 +23,7 @@ from behrt_rope.training.distillation_choice import (
     chains_seconds,
     choose_weight,
     path_leads,
+    preferred_weight,
     room_for_another,
 )
 from behrt_rope.training.inference import multilabel_model, score_parts
@@ -91,7 +92,8 @@ def test_where_the_deep_part_does_not_clearly_lead_both_weights_train_and_the_sa
     etl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A close call (the deep part ahead of its teacher by the point estimates, its interval across 0, as on a
-    recurrence_sparse draw where the distilled deep part then scored 0.016 better held out) trains both."""
+    recurrence_sparse draw where the distilled deep part then scored 0.016 better held out) trains both; labels
+    alone, the leader's weight, stand unless the distilled deep part is clearly better."""
     close_call = PathLead(0.3007, 0.2999, (0.0008, -0.0017, 0.0031))
     seen = _gate(monkeypatch, close_call)
     out = tmp_path / "ft"
@@ -108,11 +110,11 @@ def test_where_the_deep_part_does_not_clearly_lead_both_weights_train_and_the_sa
     scores = choice["tuning_deep_macro_ap"]
     assert choice["weights_tried"] == list(DISTILLATION_GRID) and choice["weights_not_tried"] == []
     assert set(scores) == {"0", "0.8"} and scores["0"] != scores["0.8"]  # two different trainings
-    over = choice["tuning_deep_macro_ap_minus_preferred"]["0"]
-    assert choice["preferred_weight"] == PREFERRED_WEIGHT == 0.8
+    over = choice["tuning_deep_macro_ap_minus_preferred"]["0.8"]
+    assert choice["preferred_weight"] == 0.0  # the deep part led the first comparison
     assert over["low"] <= over["difference"] <= over["high"]
-    assert over["difference"] == pytest.approx(scores["0"] - scores["0.8"], abs=2e-5)
-    chosen = 0.0 if over["low"] > 0 else 0.8  # labels alone only when clearly better
+    assert over["difference"] == pytest.approx(scores["0.8"] - scores["0"], abs=2e-5)
+    chosen = 0.8 if over["low"] > 0 else 0.0  # the distilled deep part only when clearly better
     assert metrics["sparse_time_distillation"] == chosen
     saved_deep, saved_path = _saved_parts_tuning_ap(etl, out)
     assert saved_deep == pytest.approx(scores[f"{chosen:g}"], abs=2e-5)
@@ -211,6 +213,24 @@ def test_labels_alone_replace_the_preferred_weight_only_when_clearly_better_on_t
     assert low_close <= 0 and close.weight == 0.8
     # worse: the preferred weight stands whatever the interval
     assert choose_weight(y, {0.0: blurred, 0.8: sharp}, patient).weight == 0.8
+
+
+def test_the_preferred_weight_follows_the_learner_that_led_the_first_comparison() -> None:
+    teacher_led = PathLead(0.2410, 0.2450, (-0.0040, -0.0090, 0.0010))
+    deep_led = PathLead(0.2510, 0.2465, (0.0045, -0.0010, 0.0100))  # the clinical case: ahead, not clearly
+    assert preferred_weight(teacher_led) == PREFERRED_WEIGHT == 0.8 and preferred_weight(None) == 0.8
+    assert preferred_weight(deep_led) == 0.0
+    y, patient, signal = _tuning_like(seed=3)
+    rng = np.random.default_rng(4)
+    blurred = signal + rng.normal(0.0, 1.5, signal.shape)
+    nudged = blurred + rng.normal(0.0, 0.05, signal.shape)
+    # with labels alone preferred, a distilled run a hair better within the noise does not replace it
+    close = choose_weight(y, {0.0: blurred, 0.8: nudged}, patient, preferred=0.0)
+    assert close.weight == 0.0 and close.preferred == 0.0 and set(close.over_preferred) == {0.8}
+    assert close.over_preferred[0.8][1] <= 0
+    # a clearly better distilled run does
+    clearly = choose_weight(y, {0.0: blurred, 0.8: signal}, patient, preferred=0.0)
+    assert clearly.weight == 0.8 and clearly.over_preferred[0.8][1] > 0
 
 
 def test_without_the_preferred_weight_the_first_run_stands_and_nothing_is_compared() -> None:
