@@ -80,10 +80,9 @@ def study(
     scores: dict[str, list[float]] = {}
     kept: dict[str, list[float]] = {}
     for _ in range(repeats):
-        choose = np.isin(patients, rng.choice(everyone, choose_patients, replace=False))
-        c = choose
+        c = np.isin(patients, rng.choice(everyone, choose_patients, replace=False))  # the choosing samples
         weights = rule_weights(y[c], deep[FIRST][c], deep[PREFERRED_WEIGHT][c], teacher[c], patients[c])
-        rest = ~choose
+        rest = ~c
         for name, weight in weights.items():
             scores.setdefault(name, []).append(macro_average_precision(y[rest], deep[weight][rest]))
             kept.setdefault(name, []).append(weight)
