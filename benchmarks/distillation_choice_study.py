@@ -40,7 +40,7 @@ from behrt_rope.training.distillation_choice import (  # noqa: E402
     preferred_weight,
 )
 from behrt_rope.training.tasks import macro_average_precision  # noqa: E402
-from benchmarks.share_choice import tuning_logits  # noqa: E402
+from benchmarks.share_choice import against, choosing_samples, tuning_logits  # noqa: E402
 
 FIRST = 0.0
 """The first training's weight (labels alone)."""
@@ -73,33 +73,19 @@ def study(
         raise SystemExit("--first and --distilled were not fine-tuned on the same tuning samples (same ETL output?)")
     deep = {FIRST: expit(first["deep"]), PREFERRED_WEIGHT: expit(distilled["deep"])}
     teacher = expit(first["path"])
-    everyone = np.unique(patients)
-    if choose_patients >= len(everyone):
-        raise SystemExit(f"--choose-patients {choose_patients} leaves no tuning patients to score ({len(everyone)})")
-    rng = np.random.default_rng(seed)
     scores: dict[str, list[float]] = {}
     kept: dict[str, list[float]] = {}
-    for _ in range(repeats):
-        c = np.isin(patients, rng.choice(everyone, choose_patients, replace=False))  # the choosing samples
+    for c in choosing_samples(patients, choose_patients, repeats, seed):
         weights = rule_weights(y[c], deep[FIRST][c], deep[PREFERRED_WEIGHT][c], teacher[c], patients[c])
-        rest = ~c
         for name, weight in weights.items():
-            scores.setdefault(name, []).append(macro_average_precision(y[rest], deep[weight][rest]))
+            scores.setdefault(name, []).append(macro_average_precision(y[~c], deep[weight][~c]))
             kept.setdefault(name, []).append(weight)
-    reference = np.array(scores[f"prefer_{PREFERRED_WEIGHT:g}"])
-    rules = {}
-    for name, values in scores.items():
-        diff = np.array(values) - reference
-        rules[name] = {
-            "macro_ap": round(float(np.mean(values)), 5),
-            f"minus_prefer_{PREFERRED_WEIGHT:g}": round(float(diff.mean()), 5),
-            "sd": round(float(diff.std()), 5),
-            "wins": round(float(np.mean(diff > 0)), 2),
-            f"kept_{PREFERRED_WEIGHT:g}": round(float(np.mean(np.array(kept[name]) == PREFERRED_WEIGHT)), 2),
-        }
+    rules = against(scores, f"prefer_{PREFERRED_WEIGHT:g}")
+    for name, weights_kept in kept.items():
+        rules[name][f"kept_{PREFERRED_WEIGHT:g}"] = round(float(np.mean(np.array(weights_kept) == PREFERRED_WEIGHT)), 2)
     whole = {f"{w:g}": round(macro_average_precision(y, p), 5) for w, p in deep.items()}
     return {
-        "tuning_patients": len(everyone),
+        "tuning_patients": len(np.unique(patients)),
         "tuning_samples": len(y),
         "labels": int(y.shape[1]),
         "choose_patients": choose_patients,

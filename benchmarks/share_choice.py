@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,18 +122,40 @@ def method_shares(
     return shares, common
 
 
-def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, seed: int) -> dict[str, Any]:
-    """Choose on ``choose_patients`` random tuning patients, score on the rest, ``repeats`` times."""
-    y, patients, deep, path = logits["y"], logits["patients"], logits["deep"], logits["path"]
-    state_share = float(logits["state_share"])
+def choosing_samples(patients: np.ndarray, choose_patients: int, repeats: int, seed: int) -> Iterator[np.ndarray]:
+    """``repeats`` ``(N,)`` boolean masks of the samples of ``choose_patients`` random patients (``patients``
+    ``(N,)`` each sample's patient); the rest of the samples score what those chose."""
     everyone = np.unique(patients)
     if choose_patients >= len(everyone):
         raise SystemExit(f"--choose-patients {choose_patients} leaves no tuning patients to score ({len(everyone)})")
     rng = np.random.default_rng(seed)
+    for _ in range(repeats):
+        yield np.isin(patients, rng.choice(everyone, choose_patients, replace=False))
+
+
+def against(scores: dict[str, list[float]], reference: str) -> dict[str, dict[str, float]]:
+    """Per method, its mean score over the repeats and its difference from ``reference``'s (mean, standard
+    deviation over the repeats, share of repeats won)."""
+    base = np.array(scores[reference])
+    summary = {}
+    for name, values in scores.items():
+        diff = np.array(values) - base
+        summary[name] = {
+            "macro_ap": round(float(np.mean(values)), 5),
+            f"minus_{reference}": round(float(diff.mean()), 5),
+            "sd": round(float(diff.std()), 5),
+            "wins": round(float(np.mean(diff > 0)), 2),
+        }
+    return summary
+
+
+def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, seed: int) -> dict[str, Any]:
+    """Choose on ``choose_patients`` random tuning patients, score on the rest, ``repeats`` times."""
+    y, patients, deep, path = logits["y"], logits["patients"], logits["deep"], logits["path"]
+    state_share = float(logits["state_share"])
     scores: dict[str, list[float]] = {}
     commons: list[float] = []
-    for _ in range(repeats):
-        choose = np.isin(patients, rng.choice(everyone, choose_patients, replace=False))
+    for choose in choosing_samples(patients, choose_patients, repeats, seed):
         shares, common = method_shares(y[choose], deep[choose], path[choose], patients[choose])
         commons.append(common)
         rest = ~choose
@@ -141,18 +164,8 @@ def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, see
             if state_share > 0:
                 mixed = (1 - state_share) * mixed + state_share * logits["states"][rest]
             scores.setdefault(name, []).append(float(np.nanmean(per_column_scores(y[rest], mixed)[0])))
-    reference = np.array(scores["best_point_estimate"])
-    methods = {}
-    for name, values in scores.items():
-        diff = np.array(values) - reference
-        methods[name] = {
-            "macro_ap": round(float(np.mean(values)), 5),
-            "minus_best_point_estimate": round(float(diff.mean()), 5),
-            "sd": round(float(diff.std()), 5),
-            "wins": round(float(np.mean(diff > 0)), 2),
-        }
     return {
-        "tuning_patients": len(everyone),
+        "tuning_patients": len(np.unique(patients)),
         "tuning_samples": len(y),
         "labels": int(y.shape[1]),
         "choose_patients": choose_patients,
@@ -160,7 +173,7 @@ def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, see
         "share_grid": list(SHARE_GRID),
         "best_point_estimate_chosen": {str(k): v for k, v in sorted(Counter(commons).items())},
         "state_share": state_share,
-        "methods": methods,
+        "methods": against(scores, "best_point_estimate"),
     }
 
 
