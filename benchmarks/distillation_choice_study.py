@@ -40,7 +40,7 @@ from behrt_rope.training.distillation_choice import (  # noqa: E402
     preferred_weight,
 )
 from behrt_rope.training.tasks import macro_average_precision  # noqa: E402
-from benchmarks.share_choice import against, choosing_samples, tuning_logits  # noqa: E402
+from benchmarks.share_choice import against, choosing_samples, sizes, tuning_logits  # noqa: E402
 
 FIRST = 0.0
 """The first training's weight (labels alone)."""
@@ -85,11 +85,7 @@ def study(
         rules[name][f"kept_{PREFERRED_WEIGHT:g}"] = round(float(np.mean(np.array(weights_kept) == PREFERRED_WEIGHT)), 2)
     whole = {f"{w:g}": round(macro_average_precision(y, p), 5) for w, p in deep.items()}
     return {
-        "tuning_patients": len(np.unique(patients)),
-        "tuning_samples": len(y),
-        "labels": int(y.shape[1]),
-        "choose_patients": choose_patients,
-        "repeats": repeats,
+        **sizes(y, patients, choose_patients, repeats),
         "deep_macro_ap_whole_tuning_split": {**whole, "teacher": round(macro_average_precision(y, teacher), 5)},
         "rules": rules,
     }

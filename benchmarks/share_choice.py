@@ -149,6 +149,18 @@ def against(scores: dict[str, list[float]], reference: str) -> dict[str, dict[st
     return summary
 
 
+def sizes(y: np.ndarray, patients: np.ndarray, choose_patients: int, repeats: int) -> dict[str, int]:
+    """What a study ran on: tuning patients and samples (``y`` ``(N, L)``, ``patients`` ``(N,)``), labels, the
+    choosing patients and the repeats."""
+    return {
+        "tuning_patients": len(np.unique(patients)),
+        "tuning_samples": len(y),
+        "labels": int(y.shape[1]),
+        "choose_patients": choose_patients,
+        "repeats": repeats,
+    }
+
+
 def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, seed: int) -> dict[str, Any]:
     """Choose on ``choose_patients`` random tuning patients, score on the rest, ``repeats`` times."""
     y, patients, deep, path = logits["y"], logits["patients"], logits["deep"], logits["path"]
@@ -165,11 +177,7 @@ def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, see
                 mixed = (1 - state_share) * mixed + state_share * logits["states"][rest]
             scores.setdefault(name, []).append(float(np.nanmean(per_column_scores(y[rest], mixed)[0])))
     return {
-        "tuning_patients": len(np.unique(patients)),
-        "tuning_samples": len(y),
-        "labels": int(y.shape[1]),
-        "choose_patients": choose_patients,
-        "repeats": repeats,
+        **sizes(y, patients, choose_patients, repeats),
         "share_grid": list(SHARE_GRID),
         "best_point_estimate_chosen": {str(k): v for k, v in sorted(Counter(commons).items())},
         "state_share": state_share,
