@@ -117,9 +117,9 @@ class Config:
     """With model.sparse_time, the weight of the path's probabilities as soft targets in the deep part's loss:
     ``(1 - w) x BCE(labels) + w x BCE(path's probabilities)`` (knowledge distillation). The deep part still
     reads only the tokens and their times; the frozen path only shapes what it is trained towards. 0: labels
-    alone. null: trained at 0, then at 0.8 when the teacher (the path alone, or with ``state_path_teacher`` the
-    path and the state path's chains) scores a better tuning macro AP than that first deep part (the teacher is
-    the stronger learner) and the time budget has room for a second training (at least
+    alone. null: trained at 0, then at 0.8 unless that first deep part clearly leads its teacher on the tuning
+    split (the path alone, or with ``state_path_teacher`` the path and the state path's chains; the paired
+    interval of macro AP above 0) and when the time budget has room for a second training (at least
     the first one's time left), keeping the weight of the learner that led in that first comparison (0.8 where
     the teacher scored better, 0 where the deep part did, though not clearly) unless the other weight's deep part
     scores a clearly better tuning macro AP (a paired bootstrap over the tuning patients;

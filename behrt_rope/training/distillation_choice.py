@@ -181,7 +181,7 @@ def preferred_weight(lead: PathLead | None) -> float:
 
     On a clinical cohort at the default density the deep part leads its teacher by about 0.005 tuning macro AP, a
     lead a 400-patient tuning split cannot call clear; preferring 0.8 there kept a distilled deep part that scored
-    0.004 lower on 3,578 tuning patients (docs/benchmarks.md, "Fifty-seventh round"). Where the teacher leads
+    0.003 lower on 3,395 tuning patients (docs/benchmarks.md, "Fifty-seventh round"). Where the teacher leads
     (sparse histories, progression), 0.8 stays preferred.
 
     >>> preferred_weight(PathLead(0.251, 0.2465, (0.0046, -0.001, 0.010))), preferred_weight(PathLead(0.13, 0.14))
