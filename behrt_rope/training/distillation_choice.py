@@ -171,7 +171,7 @@ class WeightChoice:
     weight: float
     macro_ap: dict[float, float]
     over_preferred: dict[float, tuple[float, float, float]]
-    preferred: float = PREFERRED_WEIGHT
+    preferred: float
 
 
 def preferred_weight(lead: PathLead | None) -> float:
