@@ -8,15 +8,16 @@ then 0.5 unless another share is clearly better there (``clearly_better_than_0.5
 these, a share per label (the best of a finer grid by each label's AP), one shrunk towards the common share by
 the label's number of positives (``n / (n + k)`` of the way), shares chosen by the tuning cross-entropy instead of
 AP (one for all labels, or one per label: the loss reads every sample, not only the ranking of the few positives),
-or a fixed share, ranks best. It needs a model fine-tuned
-on an ETL output with a *large* tuning split (``etl.split.tuning=0.45``, about 3,500 patients): the tuning
+two shares by history (one where the label's code is already on file, one for new onsets; the best pair by point
+estimate, or the common share unless a pair is clearly better), or a fixed share, ranks best. It needs a model
+fine-tuned on an ETL output with a *large* tuning split (``etl.split.tuning=0.45``, about 3,500 patients): the tuning
 split's logits of each part are scored once, then, ``--repeats`` times, ``--choose-patients`` random tuning
 patients (the size of the default 5% split of 8,000) choose each share and the remaining tuning patients
 score it. Nothing is read from the held-out split. With a state path its share stays the model's.
 
 Prints ONE JSON object: per method, the mean macro AP on the scoring patients, the mean difference from the
-best point estimate with its standard deviation over the repeats and the share of repeats it wins; and how
-often each share was the best point estimate.
+best point estimate with its standard deviation over the repeats and the share of repeats it wins; how often
+each share was the best point estimate, and each pair (on file / new onset) the two by-history rules chose.
 """
 
 from __future__ import annotations
@@ -30,24 +31,28 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.special import expit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from behrt_rope import config as config_lib  # noqa: E402
 from behrt_rope import schema as S  # noqa: E402
-from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targets  # noqa: E402
+from behrt_rope.data.labels import TaskConfig, build_samples, history, label_index, targets  # noqa: E402
 from behrt_rope.data.sequences import load_tokens, load_vocabulary  # noqa: E402
 from behrt_rope.evaluation.metrics import per_column_scores  # noqa: E402
 from behrt_rope.training.bundle import load_bundle  # noqa: E402
+from behrt_rope.training.clear_gain import choose_clearly_better  # noqa: E402
 from behrt_rope.training.inference import Part, multilabel_model, score_parts  # noqa: E402
-from behrt_rope.training.sparse_time_fit import SHARE_GRID, clear_share  # noqa: E402
+from behrt_rope.training.sparse_time_fit import EQUAL_SHARE, SHARE_GRID, clear_share  # noqa: E402
 from behrt_rope.training.tasks import macro_average_precision  # noqa: E402
 
 FINE_GRID = tuple(np.round(np.linspace(0.0, 1.0, 21), 2))
 """Shares a label may get on its own."""
 SHRINKAGE = (5, 20, 50)
 """Pseudo-positives ``k`` of the shrunk per-label shares."""
+HISTORY_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
+"""Shares each history (code on file, new onset) may get."""
 
 
 def loss_by_label(y: np.ndarray, logits: np.ndarray) -> np.ndarray:
@@ -61,8 +66,9 @@ def loss_by_label(y: np.ndarray, logits: np.ndarray) -> np.ndarray:
 
 
 def tuning_logits(data: str, model_dir: str) -> dict[str, np.ndarray]:
-    """The tuning split's targets ``y`` ``(N, L)``, patients ``(N,)`` and ``(N, L)`` logits of the deep part,
-    the sparse time path and (when fitted) the state path, with ``state_share`` ``()``."""
+    """The tuning split's targets ``y`` ``(N, L)``, patients ``(N,)``, ``on_file`` ``(N, L)`` (the label's code
+    already in the sample's input) and ``(N, L)`` logits of the deep part, the sparse time path and (when fitted)
+    the state path, with ``state_share`` ``()``."""
     bundle = load_bundle(model_dir, "multilabel")
     seqs, vocab = load_tokens(data).split(S.TUNING), load_vocabulary(data)
     task = config_lib.build(TaskConfig, bundle["task"])
@@ -77,6 +83,7 @@ def tuning_logits(data: str, model_dir: str) -> dict[str, np.ndarray]:
     return {
         "y": targets(seqs, samples, label_of_token),
         "patients": samples.rows,
+        "on_file": history(seqs, samples, label_of_token),
         **{part: logits[part].astype(np.float64) for part in parts},
         "state_share": np.array(float(model.state_path.share) if with_states else 0.0),
     }
@@ -94,11 +101,41 @@ def best_point_estimate(deep: np.ndarray, path: np.ndarray, y: np.ndarray) -> fl
     return max(scores, key=lambda w: (scores[w], -abs(w - 0.5)))
 
 
+def mix(deep: np.ndarray, path: np.ndarray, share: np.ndarray, on_file: np.ndarray) -> np.ndarray:
+    """``(N, L)`` logits ``(1 - w) deep + w path`` with ``w`` from ``share`` ``(2, L)``: row 0 where the label's code is
+    on file (``on_file`` ``(N, L)``), row 1 where it is not.
+
+    >>> mix(np.zeros((2, 1)), np.ones((2, 1)), np.array([[0.25], [0.75]]), np.array([[True], [False]])).tolist()
+    [[0.25], [0.75]]
+    """
+    return np.where(on_file, (1 - share[0]) * deep + share[0] * path, (1 - share[1]) * deep + share[1] * path)
+
+
+def history_shares(
+    y: np.ndarray, deep: np.ndarray, path: np.ndarray, patients: np.ndarray, on_file: np.ndarray, common: float
+) -> dict[str, tuple[float, float]]:
+    """Two shares of :data:`HISTORY_GRID`, ``(on file, new onset)``: the pair with the best macro AP
+    (``by_history``), and ``(common, common)`` unless a pair is clearly better (``by_history_clear``,
+    :func:`~behrt_rope.training.clear_gain.choose_clearly_better`); arrays as in :func:`method_shares`."""
+    pairs = [(a, b) for a in HISTORY_GRID for b in HISTORY_GRID]
+    probs: dict[float, np.ndarray] = {
+        float(i): expit(mix(deep, path, np.array([[a], [b]]), on_file)) for i, (a, b) in enumerate(pairs)
+    }
+    if (common, common) not in pairs:
+        pairs.append((common, common))
+        probs[float(len(pairs) - 1)] = expit(mix(deep, path, np.full((2, 1), common), on_file))
+    choice = choose_clearly_better(y, probs, patients, reference=float(pairs.index((common, common))))
+    best = max(choice.macro_ap, key=lambda i: (choice.macro_ap[i], -abs(pairs[int(i)][0] - pairs[int(i)][1])))
+    return {"by_history": pairs[int(best)], "by_history_clear": pairs[int(choice.chosen)]}
+
+
 def method_shares(
-    y: np.ndarray, deep: np.ndarray, path: np.ndarray, patients: np.ndarray
+    y: np.ndarray, deep: np.ndarray, path: np.ndarray, patients: np.ndarray, on_file: np.ndarray
 ) -> tuple[dict[str, np.ndarray], float]:
-    """``(L,)`` shares of each method, chosen on ``y`` ``(N, L)`` with the parts' ``(N, L)`` logits (``patients``
-    ``(N,)`` each sample's patient); and the best point estimate among the common shares (the rule until session 60)."""
+    """``(2, L)`` shares of each method (row 0 for samples with the label's code on file, row 1 for the others,
+    :func:`mix`), chosen on ``y`` ``(N, L)`` with the parts' ``(N, L)`` logits (``patients`` ``(N,)`` each sample's
+    patient, ``on_file`` ``(N, L)``); and the best point estimate among the common shares (the rule until
+    session 60)."""
     common = best_point_estimate(deep, path, y)
     by_share = np.stack([per_column_scores(y, (1 - w) * deep + w * path)[0] for w in FINE_GRID])  # (shares, L)
     seen = ~np.isnan(by_share[0])
@@ -106,11 +143,12 @@ def method_shares(
     losses = np.stack([loss_by_label(y, (1 - w) * deep + w * path) for w in FINE_GRID])  # (shares, L)
     positives = y.sum(0)
     labels = y.shape[1]
+    default = clear_share(deep, path, y, patients).chosen
     shares = {
         "best_point_estimate": np.full(labels, common),
-        "clearly_better_than_0.5": np.full(labels, clear_share(deep, path, y, patients).chosen),
+        "clearly_better_than_0.5": np.full(labels, default),
         "fixed_0.4": np.full(labels, 0.4),
-        "fixed_0.5": np.full(labels, 0.5),
+        "fixed_0.5": np.full(labels, EQUAL_SHARE),
         "deep_alone": np.zeros(labels),
         "path_alone": np.ones(labels),
         "per_label": own,
@@ -119,7 +157,10 @@ def method_shares(
     }
     for k in SHRINKAGE:
         shares[f"per_label_shrunk_{k}"] = common + positives / (positives + k) * (own - common)
-    return shares, common
+    both = {name: np.stack([share, share]) for name, share in shares.items()}
+    for name, pair in history_shares(y, deep, path, patients, on_file, default).items():
+        both[name] = np.repeat(np.array(pair)[:, None], labels, axis=1)
+    return both, common
 
 
 def choosing_samples(patients: np.ndarray, choose_patients: int, repeats: int, seed: int) -> Iterator[np.ndarray]:
@@ -163,16 +204,19 @@ def sizes(y: np.ndarray, patients: np.ndarray, choose_patients: int, repeats: in
 
 def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, seed: int) -> dict[str, Any]:
     """Choose on ``choose_patients`` random tuning patients, score on the rest, ``repeats`` times."""
-    y, patients, deep, path = logits["y"], logits["patients"], logits["deep"], logits["path"]
+    y, patients, deep, path, on_file = (logits[k] for k in ("y", "patients", "deep", "path", "on_file"))
     state_share = float(logits["state_share"])
     scores: dict[str, list[float]] = {}
     commons: list[float] = []
+    pairs: dict[str, Counter[str]] = {"by_history": Counter(), "by_history_clear": Counter()}
     for choose in choosing_samples(patients, choose_patients, repeats, seed):
-        shares, common = method_shares(y[choose], deep[choose], path[choose], patients[choose])
+        shares, common = method_shares(y[choose], deep[choose], path[choose], patients[choose], on_file[choose])
         commons.append(common)
+        for name, counter in pairs.items():
+            counter[f"{shares[name][0, 0]:g}/{shares[name][1, 0]:g}"] += 1
         rest = ~choose
         for name, share in shares.items():
-            mixed = (1 - share) * deep[rest] + share * path[rest]
+            mixed = mix(deep[rest], path[rest], share, on_file[rest])
             if state_share > 0:
                 mixed = (1 - state_share) * mixed + state_share * logits["states"][rest]
             scores.setdefault(name, []).append(float(np.nanmean(per_column_scores(y[rest], mixed)[0])))
@@ -180,6 +224,7 @@ def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, see
         **sizes(y, patients, choose_patients, repeats),
         "share_grid": list(SHARE_GRID),
         "best_point_estimate_chosen": {str(k): v for k, v in sorted(Counter(commons).items())},
+        "by_history_chosen": {name: dict(sorted(c.items())) for name, c in pairs.items()},
         "state_share": state_share,
         "methods": against(scores, "best_point_estimate"),
     }
