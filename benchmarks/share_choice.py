@@ -108,7 +108,8 @@ def mix(deep: np.ndarray, path: np.ndarray, share: np.ndarray, on_file: np.ndarr
     >>> mix(np.zeros((2, 1)), np.ones((2, 1)), np.array([[0.25], [0.75]]), np.array([[True], [False]])).tolist()
     [[0.25], [0.75]]
     """
-    return np.where(on_file, (1 - share[0]) * deep + share[0] * path, (1 - share[1]) * deep + share[1] * path)
+    w = np.where(on_file, share[0], share[1])  # (N, L)
+    return (1 - w) * deep + w * path
 
 
 def history_shares(
