@@ -119,12 +119,10 @@ def history_shares(
     (``by_history``), and ``(common, common)`` unless a pair is clearly better (``by_history_clear``,
     :func:`~behrt_rope.training.clear_gain.choose_clearly_better`); arrays as in :func:`method_shares`."""
     pairs = [(a, b) for a in HISTORY_GRID for b in HISTORY_GRID]
+    pairs += [] if (common, common) in pairs else [(common, common)]
     probs: dict[float, np.ndarray] = {
         float(i): expit(mix(deep, path, np.array([[a], [b]]), on_file)) for i, (a, b) in enumerate(pairs)
     }
-    if (common, common) not in pairs:
-        pairs.append((common, common))
-        probs[float(len(pairs) - 1)] = expit(mix(deep, path, np.full((2, 1), common), on_file))
     choice = choose_clearly_better(y, probs, patients, reference=float(pairs.index((common, common))))
     best = max(choice.macro_ap, key=lambda i: (choice.macro_ap[i], -abs(pairs[int(i)][0] - pairs[int(i)][1])))
     return {"by_history": pairs[int(best)], "by_history_clear": pairs[int(choice.chosen)]}
