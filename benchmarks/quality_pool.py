@@ -1,0 +1,162 @@
+"""Pool fresh draws of the quality benchmark: one figure per cohort family, with an interval.
+
+    python benchmarks/quality_pool.py benchmarks/results/quality/*.json [--markdown TABLE.md]
+
+One draw's "% of the gap closed" has a wide interval (a clinical draw's is often 40 points wide): its
+macro AP averages a few hundred positives per rare code. Whether a family meets a bar is a question about
+the mean over draws, so this reads the JSON that ``benchmarks/quality.py`` printed for several draws (each
+a cohort drawn afresh with ``--seed-offset``) and reports, per family and predictor, the mean of the draws'
+points and a 95% interval for that mean. Draws are independent (their own seeds), so the mean's standard
+error is ``sqrt(sum se_i^2) / n``, each draw's ``se_i`` read off its bootstrap interval (width / 3.92); the
+spread of the points between draws is given beside it (``between_draws_sd``). The same for the model's lead
+over gradient boosting, with how many draws it leads on and on how many clearly (interval above 0).
+
+Prints ONE JSON object. Only draws at the same settings should be pooled: the script refuses draws of one
+family with different ``overrides`` or split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+Z95 = 1.959964
+POOLED = ("model", "model_deep_part", "gradient_boosting", "sparse_time_regression")
+"""Predictors whose gap closed is pooled."""
+SHARES = ("gap_closed", "gap_closed_one_cut", "gap_closed_record")
+"""Each predictor's shares: of the gap from the every-visit and from the one-cut regression to the state
+oracle, and from the every-visit regression to the record oracle (clinical draws measured against it)."""
+
+
+def standard_error(entry: dict[str, Any] | None) -> float | None:
+    """The standard error a ``{"point", "ci": [low, high]}`` entry's 95% interval implies; None without one.
+
+    >>> round(standard_error({"point": 0.5, "ci": [0.304, 0.696]}), 3)
+    0.1
+    """
+    ci = (entry or {}).get("ci")
+    if not ci or ci[0] is None or ci[1] is None or not all(map(math.isfinite, ci)):
+        return None
+    return (ci[1] - ci[0]) / (2 * Z95)
+
+
+def pool(entries: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The mean of the entries' points and its 95% interval from their standard errors (independent draws);
+    None when no entry has a point. Entries without an interval count in the mean, and the interval is then
+    left out.
+
+    >>> pool([{"point": 0.6, "ci": [0.5, 0.7]}, {"point": 0.8, "ci": [0.7, 0.9]}])["ci"]
+    [0.6293, 0.7707]
+    """
+    points = [e["point"] for e in entries if e and e.get("point") is not None]
+    if not points:
+        return None
+    n = len(points)
+    mean = sum(points) / n
+    errors = [standard_error(e) for e in entries if e and e.get("point") is not None]
+    sd = math.sqrt(sum((p - mean) ** 2 for p in points) / (n - 1)) if n > 1 else None
+    pooled: dict[str, Any] = {"point": round(mean, 4), "draws": n, "between_draws_sd": sd and round(sd, 4)}
+    if all(e is not None for e in errors):
+        se = math.sqrt(sum(e * e for e in errors if e is not None)) / n
+        pooled["ci"] = [round(mean - Z95 * se, 4), round(mean + Z95 * se, 4)]
+    return pooled
+
+
+def draws_by_family(files: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
+    """Every ``(family, draw)`` of the files: ``{family: [{"file", "seed_offset", "settings", "cohort"}]}``,
+    each family's draws in seed order; raises when one family's draws were run at different settings."""
+    families: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for file in files:
+        run = json.loads(file.read_text())
+        if run.get("benchmark") != "quality":
+            raise SystemExit(f"{file}: not an output of benchmarks/quality.py")
+        settings = {k: run.get(k) for k in ("overrides", "split", "patients", "task")}
+        for family, cohort in run["cohorts"].items():
+            if "at_oracle_cuts" in cohort:
+                families[family].append(
+                    {"file": file.name, "seed_offset": run["seed_offset"], "settings": settings, "cohort": cohort}
+                )
+    for family, draws in families.items():
+        if any(d["settings"] != draws[0]["settings"] for d in draws):
+            raise SystemExit(f"{family}: draws at different settings cannot be pooled: {[d['file'] for d in draws]}")
+        draws.sort(key=lambda d: d["seed_offset"])
+    return dict(families)
+
+
+def family_summary(draws: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per-draw figures and their pooled means for one family (see the module docstring)."""
+    cuts = [d["cohort"]["at_oracle_cuts"] for d in draws]
+    leads = [c["gradient_boosting"].get("model_minus_this") for c in cuts]
+    return {
+        "draws": [
+            {
+                "seed_offset": d["seed_offset"],
+                "cuts": c["n_samples"],
+                "train_wall_s": d["cohort"]["train_wall_s"],
+                **{p: {s: (c[p].get(s) or {}).get("point") for s in SHARES} for p in POOLED if p in c},
+                "model_minus_gradient_boosting": lead,
+            }
+            for d, c, lead in zip(draws, cuts, leads, strict=True)
+        ],
+        "pooled": {p: {s: pool([c[p].get(s) for c in cuts if p in c]) for s in SHARES} for p in POOLED if p in cuts[0]},
+        "model_minus_gradient_boosting": {
+            **(pool(leads) or {}),
+            "draws_ahead": sum(1 for lead in leads if lead and lead["point"] > 0),
+            "draws_clearly_ahead": sum(1 for lead in leads if lead and lead.get("ci") and lead["ci"][0] > 0),
+        },
+        "max_train_wall_s": max(d["cohort"]["train_wall_s"] for d in draws),
+    }
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The docs table: per family, the pooled gap closed of the model and the deep part (every-visit / one-cut
+    regression, and against the record oracle where measured), gradient boosting's, and the lead."""
+
+    def share(entry: dict[str, Any] | None) -> str:
+        if not entry:
+            return "–"
+        ci = entry.get("ci")
+        return f"{100 * entry['point']:.0f}%" + (f" ({100 * ci[0]:.0f}-{100 * ci[1]:.0f}%)" if ci else "")
+
+    lines = [
+        "| family (draws) | model | model, one cut | model vs record | deep part | gradient boosting | model - GB "
+        "(95%), draws ahead / clearly |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for family, fam in summary["families"].items():
+        pooled, lead = fam["pooled"], fam["model_minus_gradient_boosting"]
+        ci = lead.get("ci") or [math.nan, math.nan]
+        lines.append(
+            f"| `{family}` ({len(fam['draws'])}) | {share(pooled['model']['gap_closed'])} "
+            f"| {share(pooled['model']['gap_closed_one_cut'])} | {share(pooled['model']['gap_closed_record'])} "
+            f"| {share(pooled['model_deep_part']['gap_closed'])} | {share(pooled['gradient_boosting']['gap_closed'])} "
+            f"| {lead['point']:+.4f} ({ci[0]:+.4f}, {ci[1]:+.4f}), {lead['draws_ahead']} / "
+            f"{lead['draws_clearly_ahead']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="JSON outputs of benchmarks/quality.py")
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the docs table here")
+    args = parser.parse_args(argv)
+    families = draws_by_family(args.runs)
+    summary = {
+        "benchmark": "quality_pool",
+        "runs": sorted(p.name for p in args.runs),
+        "families": {f: family_summary(d) for f, d in sorted(families.items())},
+    }
+    print(json.dumps(summary, indent=2))
+    if args.markdown:
+        args.markdown.write_text(markdown(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

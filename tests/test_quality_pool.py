@@ -1,0 +1,92 @@
+"""``benchmarks/quality_pool.py``: draws of one family pool into a mean whose interval narrows with the draws;
+draws at different settings are refused."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.quality_pool import main, pool, standard_error
+
+
+def _share(point: float, half_width: float) -> dict[str, Any]:
+    return {"point": point, "ci": [point - half_width, point + half_width]}
+
+
+def _run(tmp_path: Path, seed_offset: int, model: float, lead: float, overrides: list[str] | None = None) -> Path:
+    """A quality.py output with one `default` draw: the model's gap closed, gradient boosting's 0.5."""
+    predictors = {
+        "model": {"gap_closed": _share(model, 0.2), "gap_closed_one_cut": _share(model + 0.05, 0.2)},
+        "model_deep_part": {"gap_closed": _share(model - 0.1, 0.2), "gap_closed_one_cut": None},
+        "gradient_boosting": {"gap_closed": _share(0.5, 0.2), "model_minus_this": _share(lead, 0.006)},
+    }
+    run = {
+        "benchmark": "quality",
+        "seed_offset": seed_offset,
+        "overrides": overrides or [],
+        "split": [0.5, 0.05, 0.45],
+        "patients": 8000,
+        "task": "next_visit",
+        "cohorts": {
+            "default": {"train_wall_s": 600.0 + seed_offset, "at_oracle_cuts": {"n_samples": 3400, **predictors}}
+        },
+    }
+    file = tmp_path / f"d{seed_offset}.json"
+    file.write_text(json.dumps(run))
+    return file
+
+
+def test_standard_error_is_read_off_a_95_percent_interval() -> None:
+    assert standard_error(_share(0.7, 1.959964)) == pytest.approx(1.0)
+    assert standard_error({"point": 0.7, "ci": None}) is None
+    assert standard_error({"point": 0.7, "ci": [0.6, math.nan]}) is None
+
+
+def test_pooled_interval_is_the_mean_of_independent_draws() -> None:
+    one = pool([_share(0.6, 0.2)])
+    four = pool([_share(p, 0.2) for p in (0.6, 0.7, 0.8, 0.9)])
+    assert one is not None and four is not None
+    assert one["ci"] == pytest.approx([0.4, 0.8])
+    # four draws of the same precision: the mean's interval is half as wide, centred on the mean of the points
+    assert four["point"] == pytest.approx(0.75)
+    assert four["ci"] == pytest.approx([0.65, 0.85])
+    assert four["between_draws_sd"] == pytest.approx(0.1291, abs=1e-4)
+    # a draw without an interval still counts in the mean, and the mean then has no interval
+    partial = pool([_share(0.6, 0.2), {"point": 0.8, "ci": None}, None])
+    assert partial == {"point": 0.7, "draws": 2, "between_draws_sd": pytest.approx(0.1414, abs=1e-4)}
+    assert pool([None, {"point": None}]) is None
+
+
+def test_main_pools_each_family_and_counts_the_lead(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    files = [_run(tmp_path, 2000, 0.9, 0.010), _run(tmp_path, 1000, 0.6, -0.001), _run(tmp_path, 3000, 0.75, 0.004)]
+    table = tmp_path / "table.md"
+    assert main([*map(str, files), "--markdown", str(table)]) == 0
+    family = json.loads(capsys.readouterr().out)["families"]["default"]
+    assert [d["seed_offset"] for d in family["draws"]] == [1000, 2000, 3000]
+    assert family["pooled"]["model"]["gap_closed"]["point"] == pytest.approx(0.75)
+    assert family["pooled"]["model"]["gap_closed_one_cut"]["point"] == pytest.approx(0.80)
+    assert family["pooled"]["model"]["gap_closed_record"] is None  # no draw measured against the record
+    lead = family["model_minus_gradient_boosting"]
+    assert lead["point"] == pytest.approx(0.0043, abs=1e-4)
+    assert (lead["draws_ahead"], lead["draws_clearly_ahead"]) == (2, 1)  # -0.001 behind; +0.004 +/- 0.006 unclear
+    assert family["max_train_wall_s"] == 3600.0
+    row = table.read_text().splitlines()[2]
+    assert row.startswith("| `default` (3) | 75% (")
+    assert row.endswith("2 / 1 |")
+
+
+def test_draws_at_different_settings_are_refused(tmp_path: Path) -> None:
+    files = [_run(tmp_path, 1000, 0.6, 0.0), _run(tmp_path, 2000, 0.7, 0.0, overrides=["trainer.max_epochs=5"])]
+    with pytest.raises(SystemExit, match="default: draws at different settings"):
+        main(list(map(str, files)))
+
+
+def test_a_file_of_another_benchmark_is_refused(tmp_path: Path) -> None:
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"benchmark": "etl_throughput"}))
+    with pytest.raises(SystemExit, match=r"not an output of benchmarks/quality\.py"):
+        main([str(other)])
