@@ -88,10 +88,27 @@ def draws_by_family(files: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
     return dict(families)
 
 
+def record_share(cohort: dict[str, Any]) -> float | None:
+    """The share of the state oracle's gap (from the every-visit regression) that the record oracle closes,
+    the most any model of the recorded history can close; None where the draw has no record oracle.
+
+    >>> cuts = {"logistic_regression": {"macro_ap": {"point": 0.2}}, "oracle": {"macro_ap": {"point": 0.3}}}
+    >>> round(record_share({"at_oracle_cuts": cuts, "record_oracle_macro_ap": {"point": 0.28}}), 2)
+    0.8
+    """
+    record = (cohort.get("record_oracle_macro_ap") or {}).get("point")
+    if record is None:
+        return None
+    cuts = cohort["at_oracle_cuts"]
+    low, high = cuts["logistic_regression"]["macro_ap"]["point"], cuts["oracle"]["macro_ap"]["point"]
+    return (record - low) / (high - low)
+
+
 def family_summary(draws: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per-draw figures and their pooled means for one family (see the module docstring)."""
     cuts = [d["cohort"]["at_oracle_cuts"] for d in draws]
     leads = [c["gradient_boosting"].get("model_minus_this") for c in cuts]
+    ceilings = [record_share(d["cohort"]) for d in draws]
     return {
         "draws": [
             {
@@ -100,8 +117,9 @@ def family_summary(draws: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "train_wall_s": d["cohort"]["train_wall_s"],
                 **{p: {s: (c[p].get(s) or {}).get("point") for s in SHARES} for p in POOLED if p in c},
                 "model_minus_gradient_boosting": lead,
+                "record_oracle_share_of_gap": ceiling,
             }
-            for d, c, lead in zip(draws, cuts, leads, strict=True)
+            for d, c, lead, ceiling in zip(draws, cuts, leads, ceilings, strict=True)
         ],
         "pooled": {p: {s: pool([c[p].get(s) for c in cuts if p in c]) for s in SHARES} for p in POOLED if p in cuts[0]},
         "model_minus_gradient_boosting": {
@@ -109,13 +127,15 @@ def family_summary(draws: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "draws_ahead": sum(1 for lead in leads if lead and lead["point"] > 0),
             "draws_clearly_ahead": sum(1 for lead in leads if lead and lead.get("ci") and lead["ci"][0] > 0),
         },
+        "record_oracle_share_of_gap": pool([{"point": c} for c in ceilings if c is not None]),
         "max_train_wall_s": max(d["cohort"]["train_wall_s"] for d in draws),
     }
 
 
 def markdown(summary: dict[str, Any]) -> str:
     """The docs table: per family, the pooled gap closed of the model and the deep part (every-visit / one-cut
-    regression, and against the record oracle where measured), gradient boosting's, and the lead."""
+    regression, and against the record oracle where measured, with the share of the gap the record oracle itself
+    closes), gradient boosting's, and the lead."""
 
     def share(entry: dict[str, Any] | None) -> str:
         if not entry:
@@ -124,16 +144,18 @@ def markdown(summary: dict[str, Any]) -> str:
         return f"{100 * entry['point']:.0f}%" + (f" ({100 * ci[0]:.0f}-{100 * ci[1]:.0f}%)" if ci else "")
 
     lines = [
-        "| family (draws) | model | model, one cut | model vs record | deep part | gradient boosting | model - GB "
-        "(95%), draws ahead / clearly |",
+        "| family (draws) | model | model, one cut | model vs record (record oracle's share) | deep part "
+        "| gradient boosting | model - GB (95%), draws ahead / clearly |",
         "|---|---|---|---|---|---|---|",
     ]
     for family, fam in summary["families"].items():
         pooled, lead = fam["pooled"], fam["model_minus_gradient_boosting"]
         ci = lead.get("ci") or [math.nan, math.nan]
+        ceiling = fam["record_oracle_share_of_gap"]
+        record = share(pooled["model"]["gap_closed_record"]) + (f" ({share(ceiling)})" if ceiling else "")
         lines.append(
             f"| `{family}` ({len(fam['draws'])}) | {share(pooled['model']['gap_closed'])} "
-            f"| {share(pooled['model']['gap_closed_one_cut'])} | {share(pooled['model']['gap_closed_record'])} "
+            f"| {share(pooled['model']['gap_closed_one_cut'])} | {record} "
             f"| {share(pooled['model_deep_part']['gap_closed'])} | {share(pooled['gradient_boosting']['gap_closed'])} "
             f"| {lead['point']:+.4f} ({ci[0]:+.4f}, {ci[1]:+.4f}), {lead['draws_ahead']} / "
             f"{lead['draws_clearly_ahead']} |"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.quality_pool import main, pool, standard_error
+from benchmarks.quality_pool import family_summary, main, pool, record_share, standard_error
 
 
 def _share(point: float, half_width: float) -> dict[str, Any]:
@@ -90,3 +90,21 @@ def test_a_file_of_another_benchmark_is_refused(tmp_path: Path) -> None:
     other.write_text(json.dumps({"benchmark": "etl_throughput"}))
     with pytest.raises(SystemExit, match=r"not an output of benchmarks/quality\.py"):
         main([str(other)])
+
+
+def test_record_ceiling_is_the_record_oracles_share_of_the_state_gap() -> None:
+    cuts = {
+        "n_samples": 100,
+        "logistic_regression": {"macro_ap": {"point": 0.22}},
+        "oracle": {"macro_ap": {"point": 0.27}},
+        "model": {"gap_closed": _share(0.7, 0.1)},
+        "gradient_boosting": {"gap_closed": _share(0.5, 0.1), "model_minus_this": None},
+    }
+    with_record = {"train_wall_s": 1.0, "at_oracle_cuts": cuts, "record_oracle_macro_ap": {"point": 0.26}}
+    without = {"train_wall_s": 1.0, "at_oracle_cuts": cuts}
+    assert record_share(with_record) == pytest.approx(0.8)
+    assert record_share(without) is None
+    summary = family_summary([{"seed_offset": s, "cohort": c} for s, c in ((1, with_record), (2, without))])
+    assert [d["record_oracle_share_of_gap"] for d in summary["draws"]] == [pytest.approx(0.8), None]
+    assert summary["record_oracle_share_of_gap"]["point"] == pytest.approx(0.8)
+    assert summary["model_minus_gradient_boosting"]["draws_ahead"] == 0  # no lead measured: not counted as ahead
