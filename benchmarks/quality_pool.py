@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from behrt_rope.evaluation.ceiling import format_share
+
 Z95 = 1.959964
 POOLED = ("model", "model_deep_part", "gradient_boosting", "sparse_time_regression")
 """Predictors whose gap closed is pooled."""
@@ -53,12 +55,12 @@ def pool(entries: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
     >>> pool([{"point": 0.6, "ci": [0.5, 0.7]}, {"point": 0.8, "ci": [0.7, 0.9]}])["ci"]
     [0.6293, 0.7707]
     """
-    points = [e["point"] for e in entries if e and e.get("point") is not None]
-    if not points:
+    measured = [e for e in entries if e and e.get("point") is not None]
+    if not measured:
         return None
+    points, errors = [e["point"] for e in measured], [standard_error(e) for e in measured]
     n = len(points)
     mean = sum(points) / n
-    errors = [standard_error(e) for e in entries if e and e.get("point") is not None]
     sd = math.sqrt(sum((p - mean) ** 2 for p in points) / (n - 1)) if n > 1 else None
     pooled: dict[str, Any] = {"point": round(mean, 4), "draws": n, "between_draws_sd": sd and round(sd, 4)}
     if all(e is not None for e in errors):
@@ -137,11 +139,7 @@ def markdown(summary: dict[str, Any]) -> str:
     regression, and against the record oracle where measured, with the share of the gap the record oracle itself
     closes), gradient boosting's, and the lead."""
 
-    def share(entry: dict[str, Any] | None) -> str:
-        if not entry:
-            return "–"
-        ci = entry.get("ci")
-        return f"{100 * entry['point']:.0f}%" + (f" ({100 * ci[0]:.0f}-{100 * ci[1]:.0f}%)" if ci else "")
+    share = format_share
 
     lines = [
         "| family (draws) | model | model, one cut | model vs record (record oracle's share) | deep part "
