@@ -28,8 +28,9 @@ from typing import Any
 from behrt_rope.evaluation.ceiling import format_share
 
 Z95 = 1.959964
-POOLED = ("model", "model_deep_part", "gradient_boosting", "sparse_time_regression")
-"""Predictors whose gap closed is pooled."""
+DEEP, LEARNED = "model_deep_part", "model_learned_parts"
+POOLED = ("model", DEEP, LEARNED, "gradient_boosting", "sparse_time_regression")
+"""Predictors whose gap closed is pooled (each over the draws that have it)."""
 SHARES = ("gap_closed", "gap_closed_one_cut", "gap_closed_record")
 """Each predictor's shares: of the gap from the every-visit and from the one-cut regression to the state
 oracle, and from the every-visit regression to the record oracle (clinical draws measured against it)."""
@@ -106,9 +107,28 @@ def record_share(cohort: dict[str, Any]) -> float | None:
     return (record - low) / (high - low)
 
 
+def oracle_cuts(cohort: dict[str, Any]) -> dict[str, Any]:
+    """A draw's figures at the oracle's cuts. Where its chains had no share, its learned parts (the model
+    without the sparse time path) are its deep part, a row the evaluation leaves out as a duplicate: it is
+    filled in here so that every such draw counts. Draws from before the learned parts were scored, with
+    chains that had a share, have none.
+
+    >>> cohort = {"at_oracle_cuts": {DEEP: {"gap_closed": 0.6}}, "finetune_choices": {"state_path_share": 0.0}}
+    >>> oracle_cuts(cohort)[LEARNED]
+    {'gap_closed': 0.6}
+    >>> LEARNED in oracle_cuts({**cohort, "finetune_choices": {"state_path_share": 0.5}})
+    False
+    """
+    cuts = dict(cohort["at_oracle_cuts"])
+    chains_share = (cohort.get("finetune_choices") or {}).get("state_path_share")
+    if LEARNED not in cuts and DEEP in cuts and chains_share == 0:
+        cuts[LEARNED] = cuts[DEEP]
+    return cuts
+
+
 def family_summary(draws: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per-draw figures and their pooled means for one family (see the module docstring)."""
-    cuts = [d["cohort"]["at_oracle_cuts"] for d in draws]
+    cuts = [oracle_cuts(d["cohort"]) for d in draws]
     leads = [c["gradient_boosting"].get("model_minus_this") for c in cuts]
     ceilings = [record_share(d["cohort"]) for d in draws]
     return {
@@ -123,7 +143,11 @@ def family_summary(draws: Sequence[dict[str, Any]]) -> dict[str, Any]:
             }
             for d, c, lead, ceiling in zip(draws, cuts, leads, ceilings, strict=True)
         ],
-        "pooled": {p: {s: pool([c[p].get(s) for c in cuts if p in c]) for s in SHARES} for p in POOLED if p in cuts[0]},
+        "pooled": {
+            p: {s: pool([c[p].get(s) for c in cuts if p in c]) for s in SHARES}
+            for p in POOLED
+            if any(p in c for c in cuts)
+        },
         "model_minus_gradient_boosting": {
             **(pool(leads) or {}),
             "draws_ahead": sum(1 for lead in leads if lead and lead["point"] > 0),
@@ -135,16 +159,21 @@ def family_summary(draws: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    """The docs table: per family, the pooled gap closed of the model and the deep part (every-visit / one-cut
-    regression, and against the record oracle where measured, with the share of the gap the record oracle itself
-    closes), gradient boosting's, and the lead."""
+    """The docs table: per family, the pooled gap closed of the model (every-visit / one-cut regression, and
+    against the record oracle where measured, with the share of the gap the record oracle itself closes), of
+    its deep part and its learned parts (with the number of draws that have them), gradient boosting's, and the
+    lead."""
 
     share = format_share
 
+    def learned(pooled: dict[str, Any]) -> str:
+        entry = (pooled.get(LEARNED) or {}).get("gap_closed")
+        return f"{share(entry)} [{entry['draws']}]" if entry else "–"
+
     lines = [
         "| family (draws) | model | model, one cut | model vs record (record oracle's share) | deep part "
-        "| gradient boosting | model - GB (95%), draws ahead / clearly |",
-        "|---|---|---|---|---|---|---|",
+        "| learned parts [draws] | gradient boosting | model - GB (95%), draws ahead / clearly |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for family, fam in summary["families"].items():
         pooled, lead = fam["pooled"], fam["model_minus_gradient_boosting"]
@@ -154,7 +183,8 @@ def markdown(summary: dict[str, Any]) -> str:
         lines.append(
             f"| `{family}` ({len(fam['draws'])}) | {share(pooled['model']['gap_closed'])} "
             f"| {share(pooled['model']['gap_closed_one_cut'])} | {record} "
-            f"| {share(pooled['model_deep_part']['gap_closed'])} | {share(pooled['gradient_boosting']['gap_closed'])} "
+            f"| {share(pooled[DEEP]['gap_closed'])} | {learned(pooled)} "
+            f"| {share(pooled['gradient_boosting']['gap_closed'])} "
             f"| {lead['point']:+.4f} ({ci[0]:+.4f}, {ci[1]:+.4f}), {lead['draws_ahead']} / "
             f"{lead['draws_clearly_ahead']} |"
         )

@@ -27,6 +27,7 @@ SHORT = {
     "gradient_boosting": "GradBoost",
     "sparse_time_regression": "SparseTime",
     "model_deep_part": "DeepPart",
+    "model_learned_parts": "Learned",
     "oracle": "Oracle",
 }
 SYNTHETIC_NOTE = (

@@ -8,7 +8,10 @@ random cut per train patient. With ``oracle=DIR`` (a ``behrt-rope synth ... orac
 predictor is also scored on the held-out samples at the oracle's cut visits, beside the generator's true
 probabilities, with the share of the gap closed: from the every-visit logistic regression (``gap_closed``,
 the stricter yardstick) and from the one-cut one (``gap_closed_one_cut``). A model with the sparse time
-path (the default) is also scored without it (``model_deep_part``, an ablation shown beside the references).
+path (the default) is also scored in two ablations shown beside the references: its deep part alone
+(``model_deep_part``: the encoder and its head, without the sparse time path and the hidden-state chains) and,
+when the chains have a share, its learned parts (``model_learned_parts``: the model without the sparse time
+path, i.e. without its hand-made time features).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from behrt_rope.evaluation.sparse_time import (
     sparse_c_setting,
 )
 from behrt_rope.evaluation.time_features import TimeFeatures, time_features
+from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle
 from behrt_rope.training.inference import Part, multilabel_model, resolve_device, score_parts
@@ -80,6 +84,9 @@ log = logging.getLogger("behrt_rope.evaluate")
 MODEL, LOGISTIC, GBM = "model", "logistic_regression", "gradient_boosting"
 LOGISTIC_ONE_CUT = "logistic_regression_one_cut"
 DEEP_PART = "model_deep_part"
+LEARNED_PARTS = "model_learned_parts"
+ABLATIONS: dict[Part, str] = {"deep": DEEP_PART, "learned": LEARNED_PARTS}
+"""The model's parts scored as ablations beside the references, by their key in ``metrics.json``."""
 SPARSE_TIME = "sparse_time_regression"
 TASK_TITLES = {
     "next_visit": "Diagnoses recorded at the next visit",
@@ -183,15 +190,13 @@ def run(config: Config) -> Path:
         )
         model = multilabel_model(bundle, config.model)
         device = resolve_device(config.device)
-        # with the sparse time path, also the ablation: what the encoder and its heads give alone
-        parts: tuple[Part, ...] = ("model", "deep") if model.sparse_time is not None else ("model",)
+        parts = ablation_parts(model)
         scored = score_parts(model, held, samples.rows, samples.cuts, config.batch_size, device, config.progress, parts)
         probs = scored["model"]
         splits = References(seqs.split(S.TRAIN), seqs.split(S.TUNING), held, samples, task, label_of_token)
         references, choices = _references(splits, config)
         baseline_c = {name: choices[name] for name in (LOGISTIC, LOGISTIC_ONE_CUT)}
-        if "deep" in scored:
-            references[DEEP_PART] = scored["deep"]
+        references.update({name: scored[part] for part, name in ABLATIONS.items() if part in scored})
         labels = bundle["labels"]
 
         def evaluation(scores: np.ndarray) -> dict[str, Any]:
@@ -241,6 +246,15 @@ def run(config: Config) -> Path:
             meds_predictions.write(_long_predictions(held, samples, labels, probs, y), out / S.MEDS_PREDICTIONS_DIR)
         _log_headline(model_eval, reference_evals, ceilings, report)
     return out_dir
+
+
+def ablation_parts(model: BehrtForMultiLabel) -> tuple[Part, ...]:
+    """The parts of ``model`` to score: the model; with the sparse time path also its deep part alone; and
+    when the state path has a share, its learned parts (the model without the sparse time path), which then
+    differ from the deep part."""
+    if model.sparse_time is None:
+        return ("model",)
+    return ("model", "deep", "learned") if model.uses_state_path else ("model", "deep")
 
 
 def _long_predictions(

@@ -17,12 +17,22 @@ def _share(point: float, half_width: float) -> dict[str, Any]:
     return {"point": point, "ci": [point - half_width, point + half_width]}
 
 
-def _run(tmp_path: Path, seed_offset: int, model: float, lead: float, overrides: list[str] | None = None) -> Path:
-    """A quality.py output with one `default` draw: the model's gap closed, gradient boosting's 0.5."""
+def _run(
+    tmp_path: Path,
+    seed_offset: int,
+    model: float,
+    lead: float,
+    overrides: list[str] | None = None,
+    chains_share: float = 0.0,
+    learned: float | None = None,
+) -> Path:
+    """A quality.py output with one `default` draw: the model's gap closed, gradient boosting's 0.5, the deep
+    part's 0.1 below the model's, the learned parts' ``learned`` (no row when None) at ``chains_share``."""
     predictors = {
         "model": {"gap_closed": _share(model, 0.2), "gap_closed_one_cut": _share(model + 0.05, 0.2)},
         "model_deep_part": {"gap_closed": _share(model - 0.1, 0.2), "gap_closed_one_cut": None},
         "gradient_boosting": {"gap_closed": _share(0.5, 0.2), "model_minus_this": _share(lead, 0.006)},
+        **({"model_learned_parts": {"gap_closed": _share(learned, 0.2)}} if learned is not None else {}),
     }
     run = {
         "benchmark": "quality",
@@ -32,7 +42,11 @@ def _run(tmp_path: Path, seed_offset: int, model: float, lead: float, overrides:
         "patients": 8000,
         "task": "next_visit",
         "cohorts": {
-            "default": {"train_wall_s": 600.0 + seed_offset, "at_oracle_cuts": {"n_samples": 3400, **predictors}}
+            "default": {
+                "train_wall_s": 600.0 + seed_offset,
+                "finetune_choices": {"state_path_share": chains_share},
+                "at_oracle_cuts": {"n_samples": 3400, **predictors},
+            }
         },
     }
     file = tmp_path / f"d{seed_offset}.json"
@@ -77,6 +91,23 @@ def test_main_pools_each_family_and_counts_the_lead(tmp_path: Path, capsys: pyte
     row = table.read_text().splitlines()[2]
     assert row.startswith("| `default` (3) | 75% (")
     assert row.endswith("2 / 1 |")
+
+
+def test_learned_parts_pool_over_the_draws_that_have_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The learned parts are the deep part where the chains had no share; a draw whose chains had a share and
+    that was scored before the learned parts were has none, and is left out of that mean only."""
+    files = [
+        _run(tmp_path, 1000, 0.6, 0.0),  # chains at share 0: learned parts = deep part, 0.5
+        _run(tmp_path, 2000, 0.7, 0.0, chains_share=0.9, learned=0.66),
+        _run(tmp_path, 3000, 0.8, 0.0, chains_share=0.5),  # no row: not counted
+    ]
+    table = tmp_path / "table.md"
+    assert main([*map(str, files), "--markdown", str(table)]) == 0
+    pooled = json.loads(capsys.readouterr().out)["families"]["default"]["pooled"]
+    assert pooled["model_learned_parts"]["gap_closed"]["point"] == pytest.approx(0.58)
+    assert pooled["model_learned_parts"]["gap_closed"]["draws"] == 2
+    assert pooled["model_deep_part"]["gap_closed"]["draws"] == 3
+    assert "| 58% (" in table.read_text() and "[2] |" in table.read_text()
 
 
 def test_draws_at_different_settings_are_refused(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from behrt_rope.training.sparse_time_fit import logit
 from behrt_rope.training.state_path_fit import EQUAL_SHARE, SHARE_GRID, _train, fit_state_path, set_state_path_share
 from behrt_rope.training.tasks import macro_average_precision
 from behrt_rope.training.tuning_logits import TuningLogits
+from pipelines.evaluate import ablation_parts
 from pipelines.finetune import Config, run
 from tests.fixtures_training import build_finetuned, read_metrics
 
@@ -183,6 +184,23 @@ def test_finetune_fits_the_path_and_keeps_the_share_tuning_scores_best(fitted: t
     fresh = StatePath(model.config.vocab_size, model.num_labels, 2, copies=2)
     model.state_path.chains.load_state_dict(fresh.chains.state_dict())
     assert not np.allclose(score_parts(model, tuning, parts=("states",))["states"], parts["states"], atol=1e-3)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.4])
+def test_the_learned_parts_are_the_model_without_its_sparse_time_path(fitted: tuple[Path, Path], share: float):
+    """``learned`` mixes the deep part and the chains at the chains' share and leaves the sparse time path out;
+    with the chains at share 0 it is the deep part, and ``evaluate`` then does not score it as an ablation."""
+    root, model_dir = fitted
+    model = multilabel_model(load_bundle(model_dir, "multilabel"))
+    assert model.state_path is not None and model.sparse_time is not None
+    model.state_path.set_share(share)
+    tuning = load_tokens(root / "etl").split(S.TUNING)
+    parts = score_parts(model, tuning, parts=("learned", "deep", "states", "model"))
+    assert list(parts) == ["learned", "deep", "states", "model"]
+    mixed = (1 - share) * logit(parts["deep"]) + share * logit(parts["states"])
+    np.testing.assert_allclose(logit(parts["learned"]), mixed, rtol=1e-4, atol=1e-4)
+    assert not np.allclose(parts["learned"], parts["model"], atol=1e-4)  # the path's share is above 0
+    assert ablation_parts(model) == (("model", "deep", "learned") if share else ("model", "deep"))
 
 
 def test_the_tuning_figures_finetune_records_are_the_saved_models(fitted: tuple[Path, Path]):

@@ -34,11 +34,15 @@ REFERENCE_NAMES = {
     "logistic_regression_one_cut": "Logistic regression, one cut per patient",
     "gradient_boosting": "Gradient boosting on time features",
     "sparse_time_regression": "Sparse (L1) regression on binned timing of every code",
-    "model_deep_part": "Deep part of the model alone (without its sparse time path)",
+    "model_deep_part": "Deep part of the model alone (encoder and head; no sparse time path, no chains)",
+    "model_learned_parts": "Model without its sparse time path (deep part and hidden-state chains)",
 }
 """Display name of each reference model, by its key in ``metrics.json``; every table of names derives from it.
-``model_deep_part`` is an ablation, not a reference: the fine-tuned model scored without the sparse time path
-that it averages with (the same regression as ``sparse_time_regression``), i.e. what the encoder earns alone."""
+``model_deep_part`` and ``model_learned_parts`` are ablations, not references: the fine-tuned model scored
+without the sparse time path that it averages with (the same regression as ``sparse_time_regression``, on
+hand-made binned timing features) and, for the deep part, also without the hidden-state chains of its state
+path: what the encoder earns alone. The learned parts are everything the model learns from the token stream
+itself (shown when the chains have a share; otherwise they are the deep part)."""
 PR_PLOT = "precision_recall.png"
 ROC_PLOT = "roc.png"
 RELIABILITY_PLOT = "reliability.png"

@@ -258,14 +258,20 @@ class BehrtForMultiLabel(nn.Module):
         return self.state_path is not None and float(self.state_path.share) > 0.0
 
     def mix_logits(
-        self, deep: torch.Tensor, path: torch.Tensor | None = None, states: torch.Tensor | None = None
+        self,
+        deep: torch.Tensor,
+        path: torch.Tensor | None = None,
+        states: torch.Tensor | None = None,
+        with_path: bool = True,
     ) -> torch.Tensor:
         """The model's logit from :meth:`deep_logits`, :meth:`path_logits` and :meth:`state_logits` (each
         ``(N, L)``), in float32: ``(1 - p) * deep + p * path`` with ``p`` the sparse time path's share, then
         ``(1 - s) * that + s * states`` with ``s`` the state path's (skipped at 0). An error when a part the
-        model mixes is missing."""
+        model mixes is missing. ``with_path=False``: the same mix with the sparse time path left out,
+        ``(1 - s) * deep + s * states``: the model without its hand-made time features, every part of it
+        learned from the token stream."""
         logits = deep.float()
-        if self.sparse_time is not None:
+        if self.sparse_time is not None and with_path:
             if path is None:
                 raise ValueError("mix_logits needs the sparse time path's logits (model.sparse_time)")
             share = self.sparse_time.share
@@ -314,8 +320,8 @@ class BehrtForMultiLabel(nn.Module):
         score_at: torch.Tensor | None = None,
         sex: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The logits of everything trained by gradient descent (all but the sparse time path); arguments
-        and shapes as :meth:`forward`."""
+        """The logits of the deep part: the encoder and its fine-tuning head, without the sparse time path
+        and the state path; arguments and shapes as :meth:`forward`."""
         if attention_mask is None:
             attention_mask = token_ids != PAD_ID
         if self.pooling != "visit":

@@ -39,8 +39,12 @@ def multilabel_model(bundle: dict[str, Any], where: str | Path = "the model dire
     return model.eval()
 
 
-Part = Literal["model", "deep", "path", "states"]
-PARTS: tuple[Part, ...] = ("model", "deep", "path", "states")
+Part = Literal["model", "deep", "path", "states", "learned"]
+PARTS: tuple[Part, ...] = ("model", "deep", "path", "states", "learned")
+"""What :func:`score_parts` can score: the whole model; its deep part (encoder and fine-tuning head) alone; its
+sparse time path alone; its state path alone; its learned parts (``learned``: the model without the sparse
+time path, i.e. the deep part mixed with the state path at the state path's share; the deep part alone when
+that share is 0)."""
 
 
 def score(
@@ -55,8 +59,7 @@ def score(
 ) -> np.ndarray:
     """Probabilities (N, L) float32 for the first ``cuts[i]`` tokens of patient ``rows[i]`` (default: every
     patient's whole stream, i.e. as of its last visit). Each cut must end with a visit's [SEP].
-    ``part``: the whole model, its trained (deep) parts alone, its sparse time path alone or its state path
-    alone.
+    ``part``: one of :data:`PARTS`.
 
     With visit pooling, all of a patient's samples are scored in one visit-causal pass; items are batched
     in length order to keep padding low. Puts ``model`` in eval mode.
@@ -111,16 +114,19 @@ def _part_logits(
     inputs, score_at = model_inputs(batch), batch.get("score_at")
     logits: dict[Part, torch.Tensor] = {}
     has_path, has_states = model.sparse_time is not None, model.uses_state_path
-    if "deep" in parts or "model" in parts:
+    mixed = "model" in parts or "learned" in parts
+    if "deep" in parts or mixed:
         logits["deep"] = model.deep_logits(**inputs, score_at=score_at)
     where = (inputs["token_ids"], inputs["visit_index"], inputs["ages"], score_at, inputs.get("sex"))
     if "path" in parts or ("model" in parts and has_path):
         logits["path"] = model.path_logits(*where)
-    if "states" in parts or ("model" in parts and has_states):
+    if "states" in parts or (mixed and has_states):
         logits["states"] = model.state_logits(*where)
     if "model" in parts:
         logits["model"] = model.mix_logits(logits["deep"], logits.get("path"), logits.get("states"))
-    return logits
+    if "learned" in parts:
+        logits["learned"] = model.mix_logits(logits["deep"], None, logits.get("states"), with_path=False)
+    return {part: logits[part] for part in parts}
 
 
 def _sample_ids(dataset: torch.utils.data.Dataset, items: np.ndarray) -> np.ndarray:
