@@ -321,7 +321,7 @@ def test_evaluate_against_the_oracle(oracle_run):
     assert "Against the ceiling (synthetic data)" in html and "Oracle (true probabilities)" in html
     assert "Gap closed, one-cut logistic regression to oracle" in html
     assert "Sparse (L1) regression on binned timing of every code" in html
-    assert "Deep part of the model alone (without its sparse time path)" in html
+    assert "Deep part of the model alone (encoder and head; no sparse time path, no chains)" in html
 
 
 @pytest.mark.slow
