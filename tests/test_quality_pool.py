@@ -71,8 +71,26 @@ def test_pooled_interval_is_the_mean_of_independent_draws() -> None:
     assert four["between_draws_sd"] == pytest.approx(0.1291, abs=1e-4)
     # a draw without an interval still counts in the mean, and the mean then has no interval
     partial = pool([_share(0.6, 0.2), {"point": 0.8, "ci": None}, None])
-    assert partial == {"point": 0.7, "draws": 2, "between_draws_sd": pytest.approx(0.1414, abs=1e-4)}
+    assert partial is not None and "ci" not in partial
+    assert partial["point"] == pytest.approx(0.7) and partial["draws"] == 2
     assert pool([None, {"point": None}]) is None
+
+
+def test_interval_over_cohorts_follows_the_spread_between_draws() -> None:
+    """Draws that each measure precisely but disagree: the mean of these draws is known well, the family's mean
+    over unseen cohorts is not. The second interval is Student's t on the points (t(3) = 3.182)."""
+    scattered = pool([_share(p, 0.02) for p in (0.6, 0.7, 0.8, 0.9)])
+    assert scattered is not None
+    assert scattered["ci"] == pytest.approx([0.74, 0.76])
+    half = 3.1824 * 0.1291 / 2
+    assert scattered["across_cohorts_ci"] == pytest.approx([0.75 - half, 0.75 + half], abs=1e-3)
+    # draws that agree: the interval over cohorts is narrow, however noisy each draw is
+    agreeing = pool([_share(p, 0.3) for p in (0.74, 0.75, 0.76)])
+    assert agreeing is not None
+    assert agreeing["across_cohorts_ci"] == pytest.approx([0.7252, 0.7748], abs=1e-3)
+    assert agreeing["ci"][1] - agreeing["ci"][0] > 0.3
+    # one draw says nothing about the spread between cohorts
+    assert "across_cohorts_ci" not in (pool([_share(0.6, 0.2)]) or {})
 
 
 def test_main_pools_each_family_and_counts_the_lead(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -90,6 +108,7 @@ def test_main_pools_each_family_and_counts_the_lead(tmp_path: Path, capsys: pyte
     assert family["max_train_wall_s"] == 3600.0
     row = table.read_text().splitlines()[2]
     assert row.startswith("| `default` (3) | 75% (")
+    assert "| 38% to 112% / 43% to 117% |" in row  # points 0.6, 0.75, 0.9: sd 0.15, t(2) = 4.303
     assert row.endswith("2 / 1 |")
 
 
