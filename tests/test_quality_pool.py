@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.quality_pool import family_summary, main, pool, record_share, standard_error
+from benchmarks.quality_pool import family_summary, main, markdown, pool, record_share, standard_error
 
 
 def _share(point: float, half_width: float) -> dict[str, Any]:
@@ -158,3 +158,18 @@ def test_record_ceiling_is_the_record_oracles_share_of_the_state_gap() -> None:
     assert [d["record_oracle_share_of_gap"] for d in summary["draws"]] == [pytest.approx(0.8), None]
     assert summary["record_oracle_share_of_gap"]["point"] == pytest.approx(0.8)
     assert summary["model_minus_gradient_boosting"]["draws_ahead"] == 0  # no lead measured: not counted as ahead
+
+
+def test_the_docs_table_is_the_pool_of_the_committed_draws(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/quality.md shows the pooled table of the draws kept in benchmarks/results/quality/, as
+    quality_pool.py writes it today: a draw added without the table rewritten (or the other way) fails here."""
+    root = Path(__file__).resolve().parents[1]
+    draws = sorted((root / "benchmarks" / "results" / "quality").glob("*.json"))
+    assert main(list(map(str, draws))) == 0
+    table = markdown(json.loads(capsys.readouterr().out))
+    page = (root / "docs" / "quality.md").read_text()
+    start, end = page.index("<!-- pooled:start -->\n"), page.index("<!-- pooled:end -->")
+    assert page[start + len("<!-- pooled:start -->\n") : end] == table, (
+        "rewrite docs/quality.md's table: python benchmarks/quality_pool.py benchmarks/results/quality/*.json "
+        "--markdown T"
+    )
