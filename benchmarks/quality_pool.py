@@ -174,9 +174,8 @@ def family_summary(draws: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def markdown(summary: dict[str, Any]) -> str:
     """The docs table: per family, the pooled gap closed of the model (every-visit / one-cut regression, the
     interval of each over cohorts, and against the record oracle where measured, with the share of the gap
-    the record oracle itself closes), of
-    its deep part and its learned parts (with the number of draws that have them), gradient boosting's, and the
-    lead."""
+    the record oracle itself closes), of its deep part and its learned parts (with the number of draws that
+    have them), gradient boosting's, and the lead."""
 
     share = format_share
 
