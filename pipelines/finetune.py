@@ -56,6 +56,7 @@ from behrt_rope.training.soup import TopChecksSoup
 from behrt_rope.training.sparse_time_fit import fit_path, set_path_share
 from behrt_rope.training.state_path_fit import CROSS_EVIDENCE_L1, fit_state_path, set_state_path_share
 from behrt_rope.training.state_path_fit import MAX_EPOCHS as STATE_PATH_EPOCHS
+from behrt_rope.training.state_path_prefit import PREFIT_EPOCHS
 from behrt_rope.training.tasks import MultiLabelTask, macro_average_precision
 from behrt_rope.training.teacher import Teacher, choose_teacher
 from behrt_rope.training.trainer import budget_left, build_trainer, resume_path, time_budget
@@ -151,6 +152,10 @@ class Config:
     """With model.state_path, two label codes share one chain when each is the other's most correlated label
     code across the train patients (presence) and the correlation is at least this (``training.chain_pairs``);
     null: each label its own chain."""
+    state_path_prefit_epochs: int = PREFIT_EPOCHS
+    """With model.state_path, each set of chains first starts from a hidden Markov model of its label codes'
+    record, fitted by maximum likelihood for at most this many epochs (``training.state_path_prefit``); 0: from a
+    random start. On since session 66."""
     select_by: Literal["loss", "macro_ap"] = "loss"
     """What picks the best tuning check (the checkpoint kept, the checks of the soup, early stopping): the tuning
     split's BCE loss or its macro AP. The loss averages over every sample and label and is the less noisy of the
@@ -428,6 +433,7 @@ def _fit_chains(
         run.trainer.strategy.root_device,
         config.state_path_pair_correlation,
         choose_share=False,
+        prefit_epochs=config.state_path_prefit_epochs,
     )
     if kept > 0:
         report["seconds_kept_for_second_training"] = round(kept, 1)
@@ -572,6 +578,10 @@ def _check_path_settings(config: Config) -> None:
             raise UserError(f"{name} must lie in [0, 1] (or be null: chosen on the tuning split), got {value}")
     if config.state_path_l1 < 0:
         raise UserError(f"state_path_l1 must be >= 0 (0: no penalty), got {config.state_path_l1}")
+    if config.state_path_prefit_epochs < 0:
+        raise UserError(
+            f"state_path_prefit_epochs must be >= 0 (0: a random start), got {config.state_path_prefit_epochs}"
+        )
     if config.state_path_max_epochs < 0:
         raise UserError(f"state_path_max_epochs must be >= 0 (0: not fitted), got {config.state_path_max_epochs}")
     pairing = config.state_path_pair_correlation

@@ -100,6 +100,63 @@ def test_logits_equal_the_written_out_filter():
     np.testing.assert_allclose(logits[3:].detach().numpy(), expected1, rtol=1e-4, atol=1e-4)
 
 
+def _hmm_reference(f, visits, ages, female, male, log_odds):
+    """Each chain ``g`` of ``f`` as a hidden Markov model of code ``(A, B)[g]`` written out with scipy, for one
+    patient: the log-likelihood of whether each visit records the chain's code, and each visit's filtered chance
+    of recording it (``(visits, labels)``)."""
+    g = {n: p.detach().double().numpy() for n, p in f.named_parameters()}
+    K, total, out = f.num_states, 0.0, []
+    chance_in = 1 / (1 + np.exp(-log_odds.double().numpy()[:, 0]))  # (G, K)
+    for chain, code in enumerate((A, B)):
+        a = (ages[0] - 50) / 20
+        prior = g["prior"][chain] @ np.array([1, a, a * a, female, male])
+        state = np.exp(prior - prior.max())
+        state /= state.sum()
+        chances = []
+        for t, codes in enumerate(visits):
+            if t > 0:
+                state = state @ _grid_transition(g, chain, K, ages[t - 1], ages[t] - ages[t - 1], female)
+            likelihood = chance_in[chain] if code in codes else 1 - chance_in[chain]
+            total += np.log((state * likelihood).sum())
+            state = state * likelihood / (state * likelihood).sum()
+            chances.append((state * chance_in[chain]).sum())
+        out.append(chances)
+    return total, np.array(out).T
+
+
+def test_the_chains_as_hidden_markov_models_score_and_filter_as_written_out():
+    ids, visit, ages, score_at, sex = _stream()
+    f = _filter(states=3)
+    codes = torch.tensor([[A], [B]])
+    log_odds = torch.randn(2, 1, 3)
+    loglik, visits = f.code_log_likelihood(ids, visit, ages, codes, log_odds, sex)
+    total0, chances0 = _hmm_reference(f, [{A, B}, {A}, {B}], [50.0, 50.5, 53.7], 0, 1, log_odds)
+    total1, chances1 = _hmm_reference(f, [{B}], [30.0], 1, 0, log_odds)
+    assert int(visits) == 4
+    assert float(loglik.detach()) == pytest.approx(total0 + total1, rel=1e-4)
+    # adopted (other codes' evidence zero), the filter's update is that model's and each label starts at its code's
+    # chance at this visit
+    with torch.no_grad():
+        f.evidence.zero_()
+    f.adopt_emissions(codes, log_odds, torch.tensor([A, B]))
+    chances = torch.sigmoid(f(ids, visit, ages, score_at, sex)).detach().numpy()
+    np.testing.assert_allclose(chances, np.concatenate([chances0, chances1]), rtol=1e-4, atol=1e-6)
+
+
+def test_a_shared_chain_emits_both_codes_and_a_free_slot_nothing():
+    ids, visit, ages, _, sex = _stream()
+    f = _filter(states=3)
+    f.share_chains(torch.tensor([0, 0]))  # both labels read chain 0
+    log_odds = torch.randn(1, 2, 3)
+    both, _ = f.code_log_likelihood(ids, visit, ages, torch.tensor([[A, B]]), log_odds, sex)
+    free, _ = f.code_log_likelihood(ids, visit, ages, torch.tensor([[A, -1]]), log_odds, sex)
+    alone, _ = f.code_log_likelihood(ids, visit, ages, torch.tensor([[A]]), log_odds[:, :1], sex)
+    assert float(free.detach()) == pytest.approx(float(alone.detach()), rel=1e-6)
+    assert float(both.detach()) < float(alone.detach())
+    with pytest.raises(ValueError, match="do not fit the filter"):
+        f.adopt_emissions(torch.tensor([[A, B]]), torch.randn(2, 2, 3), torch.tensor([A, B]))
+
+
 def test_transition_matrices_are_stochastic_and_exact_on_the_grid():
     f = _filter(states=4)
     q = f.generator(torch.tensor([20.0, 80.0]), torch.tensor([1.0, 0.0]))  # (2, L, K, K)

@@ -41,7 +41,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from behrt_rope.model.visit_gap import visit_ages
-from behrt_rope.schema import N_SPECIAL, SEX_VALUES
+from behrt_rope.schema import N_SPECIAL, SEP_ID, SEX_VALUES
 
 AGE_CENTRE = 50.0
 """Years: the age at which the rates' age term is zero."""
@@ -105,8 +105,7 @@ class HiddenStateFilter(nn.Module):
         float32 logits (rows in row-major order of ``score_at``). Always in float32, also under autocast."""
         with torch.autocast(token_ids.device.type, enabled=False):
             at_visit = visit_ages(token_ids, visit_index, ages)  # (B, V)
-            sex_ids = sex[:, 0] if sex is not None else torch.zeros_like(token_ids[:, 0])
-            female, male = (sex_ids == FEMALE).float(), (sex_ids == MALE).float()  # (B,)
+            female, male = _sex_flags(token_ids, sex)  # (B,)
             evidence = self._visit_evidence(token_ids, visit_index, at_visit.shape[1])  # (B, V, G, K)
             scored_rows, scored_cols = score_at.nonzero(as_tuple=True)
             scored_visits = visit_index[scored_rows, scored_cols]  # (N,)
@@ -130,6 +129,63 @@ class HiddenStateFilter(nn.Module):
             chance = torch.stack(chances, dim=1)[scored_rows, scored_visits]  # (N, L)
             chance = chance.clamp(PROBABILITY_FLOOR, 1.0 - PROBABILITY_FLOOR)
             return torch.log(chance) - torch.log1p(-chance)
+
+    def code_log_likelihood(
+        self,
+        token_ids: torch.Tensor,
+        visit_index: torch.Tensor,
+        ages: torch.Tensor,
+        codes: torch.Tensor,
+        log_odds: torch.Tensor,
+        sex: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chains read as hidden Markov models of their own codes: ``codes`` ``(G, J)`` the token ids each
+        chain emits (-1: a free slot), each recorded at a visit independently with chance ``sigmoid(log_odds)``
+        ``(G, J, K)`` in state ``k`` (and not recorded otherwise); the moves and the first visit's law are the
+        filter's own. ``(B, T)`` stream -> ``()`` the summed log-likelihood (nats) of every visit's record of
+        those codes, present or absent, and ``()`` the number of visits it sums over. The forward algorithm,
+        in float32: the log of each visit's normaliser, before the state is reweighed by that visit."""
+        with torch.autocast(token_ids.device.type, enabled=False):
+            at_visit = visit_ages(token_ids, visit_index, ages)  # (B, V)
+            V = at_visit.shape[1]
+            real = _visited(token_ids, visit_index, V)  # (B, V)
+            slot = codes >= 0  # (G, J)
+            recorded = self._recorded(token_ids, visit_index, V)[:, :, codes.clamp(min=0)]  # (B, V, G, J)
+            emitted = recorded[..., None] * log_odds - F.softplus(log_odds)  # (B, V, G, J, K)
+            per_state = (emitted * slot[..., None]).sum(-2).unbind(1)  # V x (B, G, K)
+            female, male = _sex_flags(token_ids, sex)
+            state = self._first_state(at_visit[:, 0], female, male)  # (B, G, K)
+            moves = self._transitions(at_visit, female).unbind(1)  # V - 1 x (B, G, K, K)
+            total = at_visit.new_zeros(())
+            for t in range(V):
+                ahead = state if t == 0 else (state.unsqueeze(-1) * moves[t - 1]).sum(-2)
+                top = per_state[t].amax(-1, keepdim=True)
+                joint = ahead.clamp(min=1e-30) * torch.exp(per_state[t] - top)
+                norm = joint.sum(-1, keepdim=True)
+                here = real[:, t]
+                total = total + ((torch.log(norm) + top).squeeze(-1).sum(-1) * here).sum()
+                state = torch.where(here[:, None, None], joint / norm, ahead)
+            return total, real.sum()
+
+    def adopt_emissions(self, codes: torch.Tensor, log_odds: torch.Tensor, label_codes: torch.Tensor) -> None:
+        """Make the filter the hidden Markov model :meth:`code_log_likelihood` scores (``codes`` ``(G, J)``,
+        ``log_odds`` ``(G, J, K)``): each code's evidence on its chain is its log-odds (the chance of its absence
+        goes to the visit bias), and each label whose code ``label_codes`` ``(L,)`` its chain emits starts its
+        chance at the next visit at that code's chance at this one. Other codes' evidence is left as it is: the
+        exact model where it is zero, a small random start for the discriminative fit as initialised (which keeps
+        patients with the same own codes from tying exactly)."""
+        G, J, K = log_odds.shape
+        if codes.shape != (G, J) or (self.num_chains, self.num_states) != (G, K):
+            raise ValueError(f"codes {tuple(codes.shape)} and log-odds {tuple(log_odds.shape)} do not fit the filter")
+        slot = codes >= 0
+        chain = torch.arange(G, device=codes.device)[:, None].expand(G, J)
+        with torch.no_grad():
+            self.evidence.view(self.vocab_size, G, K)[codes[slot], chain[slot]] = log_odds[slot]
+            self.visit_evidence.copy_(-(F.softplus(log_odds) * slot[..., None]).sum(1))
+            own = codes[self.chain_of_label] == label_codes[:, None]  # (L, J): the slot of each label's code
+            has = own.any(-1) & (label_codes >= 0)
+            slot_of_label = own.float().argmax(-1)
+            self.emission[has] = log_odds[self.chain_of_label[has], slot_of_label[has]]
 
     def share_chains(self, chain_of_label: torch.Tensor) -> None:
         """Let labels share chains: label ``l`` reads from now on the chain that label ``chain_of_label[l]``
@@ -221,13 +277,31 @@ class HiddenStateFilter(nn.Module):
     def _visit_evidence(self, token_ids: torch.Tensor, visit_index: torch.Tensor, visits: int) -> torch.Tensor:
         """``(B, V, G, K)``: each visit's log-potentials on each chain, from its distinct codes (special tokens
         and padding carry none) plus the per-visit bias."""
+        recorded = self._recorded(token_ids, visit_index, visits)
+        evidence = (recorded @ self.evidence).view(len(token_ids), visits, self.num_chains, self.num_states)
+        return evidence + self.visit_evidence
+
+    def _recorded(self, token_ids: torch.Tensor, visit_index: torch.Tensor, visits: int) -> torch.Tensor:
+        """``(B, visits, C)`` float32: 1 where a visit records a code (once, however often it is listed)."""
         B = len(token_ids)
         codes = token_ids >= N_SPECIAL  # (B, T)
         recorded = torch.zeros(B, visits, self.vocab_size, device=token_ids.device)
         rows = torch.arange(B, device=token_ids.device)[:, None].expand_as(token_ids)
-        recorded[rows[codes], visit_index[codes], token_ids[codes]] = 1.0  # a code counts once per visit
-        evidence = (recorded @ self.evidence).view(B, visits, self.num_chains, self.num_states)
-        return evidence + self.visit_evidence
+        recorded[rows[codes], visit_index[codes], token_ids[codes]] = 1.0
+        return recorded
+
+
+def _sex_flags(token_ids: torch.Tensor, sex: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B,)`` float female and male flags from the ``(B, T)`` sex ids (none: neither)."""
+    sex_ids = sex[:, 0] if sex is not None else torch.zeros_like(token_ids[:, 0])
+    return (sex_ids == FEMALE).float(), (sex_ids == MALE).float()
+
+
+def _visited(token_ids: torch.Tensor, visit_index: torch.Tensor, visits: int) -> torch.Tensor:
+    """``(B, visits)`` bool: the visits a row has (those whose [SEP] it holds)."""
+    column = torch.where(token_ids == SEP_ID, visit_index, torch.full_like(visit_index, visits))
+    out = torch.zeros(len(token_ids), visits + 1, dtype=torch.bool, device=token_ids.device)
+    return out.scatter(1, column, True)[:, :visits]
 
 
 _CHAIN_PARAMETERS = ("rate", "rate_age", "rate_sex", "prior", "evidence", "visit_evidence")

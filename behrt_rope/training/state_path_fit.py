@@ -18,7 +18,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -27,10 +27,12 @@ from tqdm.auto import tqdm
 
 from behrt_rope.data.batching import BucketBatchSampler
 from behrt_rope.model.heads import BehrtForMultiLabel, multilabel_loss
+from behrt_rope.model.state_filter import HiddenStateFilter
 from behrt_rope.training.chain_pairs import PAIR_CORRELATION, paired_chains
 from behrt_rope.training.clear_gain import ClearChoice, choose_clearly_better
 from behrt_rope.training.inference import score_parts
 from behrt_rope.training.loaders import SplitData
+from behrt_rope.training.state_path_prefit import PREFIT_EPOCHS, prefit_chains
 from behrt_rope.training.tasks import macro_average_precision
 
 log = logging.getLogger("behrt_rope.finetune")
@@ -75,6 +77,7 @@ def fit_state_path(
     device: torch.device | None = None,
     pair_correlation: float | None = PAIR_CORRELATION,
     choose_share: bool = True,
+    prefit_epochs: int = PREFIT_EPOCHS,
 ) -> dict[str, Any]:
     """Train ``model.state_path``'s sets of chains one after another and set its share (``share``, or as
     :func:`set_state_path_share` chooses on the tuning split);
@@ -83,8 +86,10 @@ def fit_state_path(
     (:func:`~behrt_rope.training.chain_pairs.paired_chains` at ``pair_correlation``; None: each label its own).
     With ``choose_share`` false the share stays 0, for :func:`set_state_path_share` to set once the deep part is
     final, and the chains' tuning macro AP alone (``tuning_macro_ap_alone``) is left to the caller, who scores the
-    tuning split once for every part (``training/tuning_logits.py``). Returns what ``metrics.json`` records under
-    ``state_path``. The rest of the model is not changed."""
+    tuning split once for every part (``training/tuning_logits.py``). Each set starts from a hidden Markov model
+    of its label codes' record fitted for at most ``prefit_epochs`` epochs (``training/state_path_prefit.py``;
+    0: from its random start). Returns what ``metrics.json`` records under ``state_path``. The rest of the model
+    is not changed."""
     path = model.state_path
     assert path is not None, "fit_state_path needs a model with a state path (model.state_path)"
     if not len(tuning.y):
@@ -99,7 +104,18 @@ def fit_state_path(
     epoch_seconds = 0.0  # a set's epochs take about as long as the last set's: its first epoch must fit too
     for number in range(path.copies):
         fit = _train(
-            model, number, train, tuning, deadline, epoch_seconds, l1, max_epochs, seed + number, progress, device
+            model,
+            number,
+            train,
+            tuning,
+            deadline,
+            epoch_seconds,
+            l1,
+            max_epochs,
+            seed + number,
+            progress,
+            device,
+            prefit_epochs,
         )
         best, epoch_seconds = fit.best, fit.epoch_seconds
         sets.append(
@@ -108,6 +124,7 @@ def fit_state_path(
                 "best_epoch": best.epoch,
                 "stopped_by": fit.stopped_by,
                 "tuning_macro_ap": best.macro_ap,
+                "prefit": fit.prefit,
             }
         )
         if best.weights is None:
@@ -175,6 +192,7 @@ class _SetFit:
     epochs: int
     stopped_by: str
     epoch_seconds: float
+    prefit: dict[str, Any] | None = None
 
 
 def _train(
@@ -189,11 +207,13 @@ def _train(
     seed: int,
     progress: bool,
     device: torch.device,
+    prefit_epochs: int = 0,
 ) -> _SetFit:
     """Epochs of Adam on set ``number`` of the chains alone (the path scores it alone meanwhile), none that would
     end past ``deadline`` (``time.monotonic()``; None: no budget), ``epoch_seconds`` the time an epoch is expected
     to take until one has run here; returns the best epoch's weights, epochs run, why it stopped and the
-    seconds an epoch took."""
+    seconds an epoch took. With ``prefit_epochs``, the set first starts from its codes' hidden Markov model
+    (:func:`~behrt_rope.training.state_path_prefit.prefit_chains`)."""
     path = model.state_path
     assert path is not None
     chains = path.chains[number]
@@ -203,6 +223,10 @@ def _train(
     sampler = BucketBatchSampler(lengths, BATCH_PATIENTS, bucket_size=len(lengths), seed=seed)  # one global sort
     path.to(device).use_copies([c == number for c in range(path.copies)])
     chains.train().requires_grad_(True)
+    prefit = None
+    if prefit_epochs > 0:
+        start = cast(HiddenStateFilter, chains)
+        prefit = prefit_chains(start, path.label_token_ids, train, prefit_epochs, seed, deadline, device)
     optimizer = torch.optim.Adam(chains.parameters(), lr=LEARNING_RATE)
     started, best, stop = time.monotonic(), _Best(), f"state_path_max_epochs ({max_epochs})"
     epoch = 0
@@ -243,7 +267,7 @@ def _train(
     else:
         epoch = max_epochs
     chains.eval().requires_grad_(False)
-    return _SetFit(best, epoch, stop, epoch_seconds)
+    return _SetFit(best, epoch, stop, epoch_seconds, prefit)
 
 
 def _choose_share(
