@@ -12,9 +12,10 @@ the discriminative fit (under its L1 penalty) finds a use for them, and each lab
 starts at its code's chance at this one. A classic pairing: a generative start, then discriminative training
 of the same parameters.
 
-On a progression screening cohort's tuning split (3,573 patients), one set of chains alone: 0.1293 and 0.1293
-macro AP from this start (two seeds) against 0.1283 and 0.1291 from the random one, the best epoch reached in
-5-16 epochs instead of 24-39 (docs/benchmarks.md, "Sixty-second round").
+On two screening cohorts' tuning splits (3,573 and 3,273 patients), one set of chains alone, five seeds each:
+progression 0.1297 macro AP on average from this start against 0.1287 from a random one, recurrence_sparse
+0.2883 against 0.2875, each seed's best epoch reached in 6-19 epochs instead of 15-39 (docs/benchmarks.md,
+"Sixty-second round").
 """
 
 from __future__ import annotations
@@ -41,12 +42,15 @@ BATCH_PATIENTS = 256
 TOLERANCE = 6e-5
 """Nats per visit per step: the fit stops once an epoch lowers the mean negative log-likelihood by less than
 this times its steps (about 1e-3 an epoch on 4,000 train patients)."""
-START_LOG_ODDS = (-5.0, 0.0)
-"""The codes' log-odds of being recorded start on a ladder of the states, from the first (about 0.7% a visit)
-to the last (50%), the same for every code of a chain, plus noise of sd ``START_SPREAD``: the states start as
-levels of one condition's activity, which the codes of a chain (chosen for travelling together) share. From
-random log-odds the fit often stalled in a state per code (tests/test_state_path_prefit.py)."""
-START_SPREAD = 0.5
+START_LOG_ODDS = (-3.0, -3.0)
+"""The codes' log-odds of being recorded start on a ladder over the states, from the first to the last (here
+flat: about 5% a visit in every state), plus noise of sd :data:`START_SPREAD` per code and state, so that the
+states can take different roles. Chosen on two screening cohorts' tuning splits (one set of chains alone, five
+seeds each; docs/benchmarks.md, "Sixty-second round"): this start scored +0.0011 (progression) and +0.0009
+(recurrence_sparse) macro AP above the random start without the fit, a ladder from -5 to 0 with the same noise
++0.0009 and -0.0000 (three seeds). On a toy cohort whose two codes share one state the flat start stalls in a
+state per code on two seeds of three, the ladder on none (tests/test_state_path_prefit.py)."""
+START_SPREAD = 1.5
 
 
 def emitted_codes(chains: HiddenStateFilter, label_token_ids: torch.Tensor) -> torch.Tensor:
@@ -73,17 +77,21 @@ def prefit_chains(
     seed: int = 0,
     deadline: float | None = None,
     device: torch.device | None = None,
+    start_log_odds: tuple[float, float] = START_LOG_ODDS,
+    start_spread: float = START_SPREAD,
 ) -> dict[str, Any]:
     """Fit ``chains`` as hidden Markov models of their label codes on the train split by maximum likelihood, then
     make that model their start (:meth:`HiddenStateFilter.adopt_emissions`). Stops at ``max_epochs``, once an
     epoch gains less than :data:`TOLERANCE` a step, or before an epoch that would end past ``deadline``
-    (``time.monotonic()``). Returns the epochs run and the last mean negative log-likelihood per visit."""
+    (``time.monotonic()``). The codes' log-odds start on a ladder over the states from ``start_log_odds[0]`` to
+    ``start_log_odds[1]`` plus noise of sd ``start_spread``. Returns the epochs run and the last mean negative
+    log-likelihood per visit."""
     device = device or torch.device("cpu")
     chains.to(device).train()
     codes = emitted_codes(chains, label_token_ids)
     generator = torch.Generator().manual_seed(seed)
-    ladder = torch.linspace(*START_LOG_ODDS, chains.num_states)  # (K,)
-    start = ladder + START_SPREAD * torch.randn(*codes.shape, chains.num_states, generator=generator)
+    ladder = torch.linspace(*start_log_odds, chains.num_states)  # (K,)
+    start = ladder + start_spread * torch.randn(*codes.shape, chains.num_states, generator=generator)
     log_odds = nn.Parameter(start.to(device))
     moves_and_start = [chains.rate, chains.rate_age, chains.rate_sex, chains.prior]
     optimizer = torch.optim.Adam([*moves_and_start, log_odds], lr=LEARNING_RATE)
