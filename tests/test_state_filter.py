@@ -65,16 +65,20 @@ def _grid_transition(g, label, K, age, gap, female):
     return (1 - wa) * at_age(10 * a0) + wa * at_age(10 * (a0 + 1))
 
 
+def _first_law(g, chain, age, female, male):
+    """Chain ``chain``'s state distribution at a first visit at ``age``, written out (``g``: the parameters)."""
+    a = (age - 50) / 20
+    prior = g["prior"][chain] @ np.array([1, a, a * a, female, male])
+    state = np.exp(prior - prior.max())
+    return state / state.sum()
+
+
 def _reference(f, visits, ages, female, male):
     """The filter written out with scipy for one patient: ``visits`` lists each visit's distinct codes."""
     g = {n: p.detach().double().numpy() for n, p in f.named_parameters()}
     K, out = f.num_states, []
     for label in range(f.num_labels):
-        a = (ages[0] - 50) / 20
-        prior = g["prior"][label] @ np.array([1, a, a * a, female, male])
-        state = np.exp(prior - prior.max())
-        state /= state.sum()
-        chances = []
+        state, chances = _first_law(g, label, ages[0], female, male), []
         for t, codes in enumerate(visits):
             if t > 0:
                 state = state @ _grid_transition(g, label, K, ages[t - 1], ages[t] - ages[t - 1], female)
@@ -108,11 +112,7 @@ def _hmm_reference(f, visits, ages, female, male, log_odds):
     K, total, out = f.num_states, 0.0, []
     chance_in = 1 / (1 + np.exp(-log_odds.double().numpy()[:, 0]))  # (G, K)
     for chain, code in enumerate((A, B)):
-        a = (ages[0] - 50) / 20
-        prior = g["prior"][chain] @ np.array([1, a, a * a, female, male])
-        state = np.exp(prior - prior.max())
-        state /= state.sum()
-        chances = []
+        state, chances = _first_law(g, chain, ages[0], female, male), []
         for t, codes in enumerate(visits):
             if t > 0:
                 state = state @ _grid_transition(g, chain, K, ages[t - 1], ages[t] - ages[t - 1], female)
