@@ -7,10 +7,10 @@ chance (:meth:`~behrt_rope.model.state_filter.HiddenStateFilter.code_log_likelih
 train patient, present codes and absent ones, is evidence about its moves and stages. This module fits that
 model by maximum likelihood (Adam, the forward algorithm's log-likelihood per visit) and hands it to the
 discriminative fit as its start (:meth:`~behrt_rope.model.state_filter.HiddenStateFilter.adopt_emissions`): each
-code's evidence on its chain is then the log-odds its fitted chances give, codes of other labels give none until
-the discriminative fit (under its L1 penalty) finds a use for them, and each label's chance at the next visit
-starts at its code's chance at this one. A classic pairing: a generative start, then discriminative training
-of the same parameters.
+code's evidence on its chain is then the log-odds its fitted chances give, codes of other labels keep their
+small random start until the discriminative fit (under its L1 penalty) finds a use for them, and each label's
+chance at the next visit starts at its code's chance at this one. A classic pairing: a generative start, then
+discriminative training of the same parameters.
 
 On two screening cohorts' tuning splits (3,573 and 3,273 patients), one set of chains alone, five seeds each:
 progression 0.1297 macro AP on average from this start against 0.1287 from a random one, recurrence_sparse
@@ -46,7 +46,7 @@ START_LOG_ODDS = (-3.0, -3.0)
 """The codes' log-odds of being recorded start on a ladder over the states, from the first to the last (here
 flat: about 5% a visit in every state), plus noise of sd :data:`START_SPREAD` per code and state, so that the
 states can take different roles. Chosen on two screening cohorts' tuning splits (one set of chains alone, five
-seeds each; docs/benchmarks.md, "Sixty-second round"): this start scored +0.0011 (progression) and +0.0009
+seeds each; docs/benchmarks.md, "Sixty-second round"): this start scored +0.0010 (progression) and +0.0009
 (recurrence_sparse) macro AP above the random start without the fit, a ladder from -5 to 0 with the same noise
 +0.0009 and -0.0000 (three seeds). On a toy cohort whose two codes share one state the flat start stalls in a
 state per code on two seeds of three, the ladder on none (tests/test_state_path_prefit.py)."""
