@@ -160,16 +160,20 @@ def test_record_ceiling_is_the_record_oracles_share_of_the_state_gap() -> None:
     assert summary["model_minus_gradient_boosting"]["draws_ahead"] == 0  # no lead measured: not counted as ahead
 
 
-def test_the_docs_table_is_the_pool_of_the_committed_draws(capsys: pytest.CaptureFixture[str]) -> None:
-    """docs/quality.md shows the pooled table of the draws kept in benchmarks/results/quality/, as
-    quality_pool.py writes it today: a draw added without the table rewritten (or the other way) fails here."""
+@pytest.mark.parametrize(("folder", "marker"), [("quality", "pooled"), ("quality_session66", "pooled-session66")])
+def test_the_docs_table_is_the_pool_of_the_committed_draws(
+    capsys: pytest.CaptureFixture[str], folder: str, marker: str
+) -> None:
+    """docs/quality.md shows the pooled table of the draws kept in each folder of benchmarks/results/ (one per
+    code version), as quality_pool.py writes it today: a draw added without the table rewritten (or the other way)
+    fails here."""
     root = Path(__file__).resolve().parents[1]
-    draws = sorted((root / "benchmarks" / "results" / "quality").glob("*.json"))
+    draws = sorted((root / "benchmarks" / "results" / folder).glob("*.json"))
     assert main(list(map(str, draws))) == 0
     table = markdown(json.loads(capsys.readouterr().out))
     page = (root / "docs" / "quality.md").read_text()
-    start, end = page.index("<!-- pooled:start -->\n"), page.index("<!-- pooled:end -->")
-    assert page[start + len("<!-- pooled:start -->\n") : end] == table, (
-        "rewrite docs/quality.md's table: python benchmarks/quality_pool.py benchmarks/results/quality/*.json "
-        "--markdown T"
+    start, end = page.index(f"<!-- {marker}:start -->\n"), page.index(f"<!-- {marker}:end -->")
+    assert page[start + len(f"<!-- {marker}:start -->\n") : end] == table, (
+        f"rewrite docs/quality.md's table between the {marker} markers: python benchmarks/quality_pool.py "
+        f"benchmarks/results/{folder}/*.json --markdown T"
     )
