@@ -170,6 +170,23 @@ def test_transition_matrices_are_stochastic_and_exact_on_the_grid():
     assert torch.equal(table[:, :, 0], torch.eye(4).expand_as(table[:, :, 0]))
 
 
+def test_a_chain_with_a_reach_moves_only_between_states_that_near():
+    torch.manual_seed(0)
+    f = HiddenStateFilter(V, num_labels=2, num_states=5, reach=1)
+    assert f.rate.shape == (2, 2 * (5 - 1))  # a rate for each move between neighbours, none for the others
+    q = f.generator(torch.tensor([20.0, 80.0]), torch.tensor([1.0, 0.0]))  # (2, L, K, K)
+    apart = (torch.arange(5)[:, None] - torch.arange(5)[None, :]).abs()
+    assert (q[..., apart > 1] == 0).all() and (q[..., apart == 1] > 0).all()
+    assert torch.allclose(q.sum(-1), torch.zeros(2, 2, 5), atol=1e-5)
+    table = f.transition_table()  # far states are reached over longer gaps, through the ones between
+    assert torch.allclose(table.sum(-1), torch.ones_like(table.sum(-1)), atol=1e-4)
+    assert table[0, 5, 1, 0, 0, 4] < 1e-6 < table[0, 5, -1, 0, 0, 4]
+    assert HiddenStateFilter(V, 2, 5, reach=2).rate.shape == (2, 14)
+    assert HiddenStateFilter(V, 2, 5, reach=4).rate.shape == HiddenStateFilter(V, 2, 5).rate.shape == (2, 20)
+    with pytest.raises(ValueError, match="reach"):
+        HiddenStateFilter(V, 2, 5, reach=-1)
+
+
 def test_a_visit_sees_only_its_own_and_earlier_visits():
     ids, visit, ages, score_at, sex = _stream()
     f = _filter()

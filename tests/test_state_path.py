@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from behrt_rope.model.config import ModelConfig
 from behrt_rope.model.heads import BehrtForMultiLabel
 from behrt_rope.model.state_path import StatePath
 from behrt_rope.schema import CLS_ID, N_SPECIAL, SEP_ID
-from behrt_rope.training.bundle import load_bundle
+from behrt_rope.training.bundle import ADDED_LATER, load_bundle, save_bundle
 from behrt_rope.training.chain_pairs import paired_chains
 from behrt_rope.training.inference import multilabel_model, score_parts
 from behrt_rope.training.loaders import SplitData
@@ -261,6 +262,29 @@ def test_a_path_weighs_only_its_fitted_sets_and_loads_a_one_set_bundle():
         loaded.load_state_dict(old)
         torch.testing.assert_close(loaded(ids, visit, ages, score_at, sex), first)
         assert loaded.copy_weight.tolist() == [1.0]
+
+
+def test_a_model_keeps_its_chains_reach_and_one_saved_before_it_moves_between_any_states(tmp_path: Path):
+    config = ModelConfig(vocab_size=VOCAB, hidden_size=8, num_heads=2, num_layers=1, intermediate_size=16)
+    ordered = BehrtForMultiLabel(ModelConfig(**{**config.__dict__, "state_path": 5, "state_path_reach": 1}), 2)
+    assert ordered.state_path is not None and ordered.state_path.chains[0].rate.shape == (2, 8)
+    save_bundle(tmp_path, "multilabel", ordered.config, ordered.state_dict(), labels=["A", "B"], pooling="visit")
+    (tmp_path / ".done").write_text("finetune")
+    loaded = multilabel_model(load_bundle(tmp_path, "multilabel"))
+    assert loaded.config.state_path_reach == 1
+    ids, visit, ages, score_at, sex = _batch()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            loaded.state_path.chains[0](ids, visit, ages, score_at, sex),
+            ordered.state_path.chains[0](ids, visit, ages, score_at, sex),
+        )
+    # saved before chains had a reach (session 68): any two states, as it was trained
+    assert ADDED_LATER["state_path_reach"] == 0
+    meta_path = tmp_path / "model.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["model_config"]["state_path_reach"]
+    meta_path.write_text(json.dumps(meta))
+    assert load_bundle(tmp_path, "multilabel")["model_config"].state_path_reach == 0
 
 
 def _split(root: Path, bundle: dict, name: str) -> SplitData:

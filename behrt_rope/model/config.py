@@ -144,6 +144,14 @@ class ModelConfig:
     against +0.0035 macro AP on a progression draw (chains alone 0.1464 against 0.1439), +0.0006 against
     +0.0004 on a recurrence_sparse draw, -0.0003 either way on a clinical one, for three times the fit
     (docs/benchmarks.md, "Forty-sixth round")."""
+    state_path_reach: int = 2
+    """With ``state_path``: how far apart in the states' order two states of a chain may be for the chain to move
+    between them (1: neighbours only, a birth-death chain; 2, the default since session 68: also one state over);
+    0: any two states (models saved before load so). An ordered chain has fewer rates to learn (18 instead of 30
+    at 6 states) and reads stages that follow one another: one set of chains alone, tuning macro AP against any
+    two states, +0.0005 on a progression screening cohort (3 seeds; +0.0011 for three sets together), -0.0001 on a
+    recurrence_sparse one (3 seeds), +0.0019 on a clinical one (2 seeds) (docs/benchmarks.md, "Sixty-fourth
+    round")."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -163,6 +171,8 @@ class ModelConfig:
             raise ValueError(f"state_path (states per label chain) must be 0 (off) or >= 2, got {self.state_path}")
         if self.state_path_copies < 1:
             raise ValueError(f"state_path_copies must be >= 1, got {self.state_path_copies}")
+        if self.state_path_reach < 0:
+            raise ValueError(f"state_path_reach must be >= 0 (0: any two states), got {self.state_path_reach}")
         if self.label_attention_heads < 0:
             raise ValueError(f"label_attention_heads must be >= 0, got {self.label_attention_heads}")
         if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attention_dropout < 1.0:
@@ -184,5 +194,6 @@ HEAD_FIELDS = (
     "state_filter",
     "state_path",
     "state_path_copies",
+    "state_path_reach",
 )
 """ModelConfig fields of the fine-tuning head; the encoder's other fields come with a pre-trained encoder."""

@@ -155,7 +155,12 @@ class BehrtForMultiLabel(nn.Module):
         self.state_path = None
         if visit and config.state_path:
             self.state_path = StatePath(
-                config.vocab_size, num_labels, config.state_path, label_token_ids, config.state_path_copies
+                config.vocab_size,
+                num_labels,
+                config.state_path,
+                label_token_ids,
+                config.state_path_copies,
+                config.state_path_reach,
             )
             self.state_path.requires_grad_(False)  # fitted apart (training/state_path_fit.py), after the deep part
         use_label_attention = visit and config.label_attention_heads > 0

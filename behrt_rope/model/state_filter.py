@@ -10,7 +10,9 @@ each label ``l`` its own ``K``-state chain and runs its forward filter over the 
   (``softmax_k(prior_l . [1, a, a^2, female, male])``, ``a = (age - 50) / 20``);
 * between visits ``t - 1`` and ``t``, ``g`` years apart, it moves by the chain's transition matrix
   ``expm(Q_l g)``, where ``Q_l`` has off-diagonal rates per year ``softplus(r_l + r_age_l a + r_sex_l female)``
-  (a proportional-hazards-like dependence on the age at ``t - 1``). The matrices are exact at a grid (ages
+  (a proportional-hazards-like dependence on the age at ``t - 1``); with a ``reach`` only states at most that
+  many apart in the states' order have a rate between them (1: a birth-death chain), an ordered chain in fewer
+  numbers (:func:`allowed_moves`). The matrices are exact at a grid (ages
   every 10 years, both sexes, gaps 0 and ``2^j / 64`` years, one batched matrix exponential and its squares
   per forward pass) and mixed bilinearly in between, every visit's matrix in one weighted gather
   (``embedding_bag``): 7-17x cheaper than a matrix exponential per visit (``benchmarks/state_filter_speed.py``);
@@ -71,14 +73,17 @@ class HiddenStateFilter(nn.Module):
     move_to: torch.Tensor  # (K (K - 1),) long: the state it enters
     chain_of_label: torch.Tensor  # (L,) long: the chain each label reads (saved; its own unless shared)
 
-    def __init__(self, vocab_size: int, num_labels: int, num_states: int = 4) -> None:
+    def __init__(self, vocab_size: int, num_labels: int, num_states: int = 4, reach: int = 0) -> None:
         super().__init__()
         if num_states < 2:
             raise ValueError(f"a hidden-state filter needs at least 2 states, got {num_states}")
+        if reach < 0:
+            raise ValueError(f"reach (how many states a move may cross; 0: any) must be >= 0, got {reach}")
         L, K = num_labels, num_states
-        self.vocab_size, self.num_labels, self.num_states = vocab_size, L, K
+        self.vocab_size, self.num_labels, self.num_states, self.reach = vocab_size, L, K, reach
         self.num_chains = L  # until labels share chains (share_chains)
-        moves = K * (K - 1)
+        from_to = allowed_moves(K, reach)  # (moves, 2)
+        moves = len(from_to)
         # Symmetry breaking: chains start a little apart, so their states can take different roles.
         self.rate = nn.Parameter(INITIAL_RATE + 0.1 * torch.randn(L, moves))
         self.rate_age = nn.Parameter(torch.zeros(L, moves))
@@ -87,9 +92,8 @@ class HiddenStateFilter(nn.Module):
         self.evidence = nn.Parameter(0.01 * torch.randn(vocab_size, L * K))
         self.visit_evidence = nn.Parameter(torch.zeros(L, K))
         self.emission = nn.Parameter(-2.0 + 0.5 * torch.randn(L, K))
-        off_diagonal = (~torch.eye(K, dtype=torch.bool)).nonzero()  # (moves, 2) (from, to)
-        self.register_buffer("move_from", off_diagonal[:, 0].clone(), persistent=False)
-        self.register_buffer("move_to", off_diagonal[:, 1].clone(), persistent=False)
+        self.register_buffer("move_from", from_to[:, 0].clone(), persistent=False)
+        self.register_buffer("move_to", from_to[:, 1].clone(), persistent=False)
         self.register_buffer("chain_of_label", torch.arange(L))
         self._register_load_state_dict_pre_hook(self._saved_chains)
 
@@ -289,6 +293,22 @@ class HiddenStateFilter(nn.Module):
         rows = torch.arange(B, device=token_ids.device)[:, None].expand_as(token_ids)
         recorded[rows[codes], visit_index[codes], token_ids[codes]] = 1.0
         return recorded
+
+
+def allowed_moves(num_states: int, reach: int = 0) -> torch.Tensor:
+    """``(moves, 2)`` long: the ``(from, to)`` states a chain of ``num_states`` states may move between, in
+    row-major order: any two distinct states (``reach`` 0), or states at most ``reach`` apart in the states'
+    order (1: neighbours only, a birth-death chain).
+
+    >>> allowed_moves(3).tolist()
+    [[0, 1], [0, 2], [1, 0], [1, 2], [2, 0], [2, 1]]
+    >>> allowed_moves(4, reach=1).tolist()
+    [[0, 1], [1, 0], [1, 2], [2, 1], [2, 3], [3, 2]]
+    """
+    states = torch.arange(num_states)
+    apart = (states[:, None] - states[None, :]).abs()  # (K, K)
+    allowed = (apart > 0) & ((apart <= reach) if reach > 0 else torch.ones_like(apart, dtype=torch.bool))
+    return allowed.nonzero()
 
 
 def _sex_flags(token_ids: torch.Tensor, sex: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,9 +49,10 @@ class StatePath(SharedPath):
         num_states: int,
         label_token_ids: Sequence[int] | torch.Tensor | None = None,
         copies: int = 1,
+        reach: int = 0,
     ) -> None:
         super().__init__(share=0.0)
-        self.chains = nn.ModuleList(HiddenStateFilter(vocab_size, num_labels, num_states) for _ in range(copies))
+        self.chains = nn.ModuleList(HiddenStateFilter(vocab_size, num_labels, num_states, reach) for _ in range(copies))
         self.register_buffer("label_token_ids", label_id_tensor(num_labels, label_token_ids))
         self.register_buffer("copy_weight", torch.full((copies,), 1.0 / copies))
         self._register_load_state_dict_pre_hook(_one_set_bundles)

@@ -41,6 +41,7 @@ ADDED_LATER: dict[str, Any] = {
     "sparse_time": False,
     "visit_gap": False,
     "state_filter": 0,
+    "state_path_reach": 0,
     "state_path": 0,
     "state_path_copies": 1,
 }
