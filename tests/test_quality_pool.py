@@ -160,7 +160,10 @@ def test_record_ceiling_is_the_record_oracles_share_of_the_state_gap() -> None:
     assert summary["model_minus_gradient_boosting"]["draws_ahead"] == 0  # no lead measured: not counted as ahead
 
 
-@pytest.mark.parametrize(("folder", "marker"), [("quality", "pooled"), ("quality_session66", "pooled-session66")])
+@pytest.mark.parametrize(
+    ("folder", "marker"),
+    [("quality", "pooled"), ("quality_session66", "pooled-session66"), ("quality_session68", "pooled-session68")],
+)
 def test_the_docs_table_is_the_pool_of_the_committed_draws(
     capsys: pytest.CaptureFixture[str], folder: str, marker: str
 ) -> None:
