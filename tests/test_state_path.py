@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -266,7 +267,7 @@ def test_a_path_weighs_only_its_fitted_sets_and_loads_a_one_set_bundle():
 
 def test_a_model_keeps_its_chains_reach_and_one_saved_before_it_moves_between_any_states(tmp_path: Path):
     config = ModelConfig(vocab_size=VOCAB, hidden_size=8, num_heads=2, num_layers=1, intermediate_size=16)
-    ordered = BehrtForMultiLabel(ModelConfig(**{**config.__dict__, "state_path": 5, "state_path_reach": 1}), 2)
+    ordered = BehrtForMultiLabel(dataclasses.replace(config, state_path=5, state_path_reach=1), 2)
     assert ordered.state_path is not None and ordered.state_path.chains[0].rate.shape == (2, 8)
     save_bundle(tmp_path, "multilabel", ordered.config, ordered.state_dict(), labels=["A", "B"], pooling="visit")
     (tmp_path / ".done").write_text("finetune")

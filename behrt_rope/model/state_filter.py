@@ -69,8 +69,8 @@ PROBABILITY_FLOOR = 1e-6
 class HiddenStateFilter(nn.Module):
     """``(B, T)`` token stream -> ``(N, L)`` logits of each label at the next visit, from ``L`` learned chains."""
 
-    move_from: torch.Tensor  # (K (K - 1),) long: the state each off-diagonal rate leaves
-    move_to: torch.Tensor  # (K (K - 1),) long: the state it enters
+    move_from: torch.Tensor  # (moves,) long: the state each rate leaves (K (K - 1) moves unless a reach is set)
+    move_to: torch.Tensor  # (moves,) long: the state it enters
     chain_of_label: torch.Tensor  # (L,) long: the chain each label reads (saved; its own unless shared)
 
     def __init__(self, vocab_size: int, num_labels: int, num_states: int = 4, reach: int = 0) -> None:
@@ -80,7 +80,7 @@ class HiddenStateFilter(nn.Module):
         if reach < 0:
             raise ValueError(f"reach (how many states a move may cross; 0: any) must be >= 0, got {reach}")
         L, K = num_labels, num_states
-        self.vocab_size, self.num_labels, self.num_states, self.reach = vocab_size, L, K, reach
+        self.vocab_size, self.num_labels, self.num_states = vocab_size, L, K
         self.num_chains = L  # until labels share chains (share_chains)
         from_to = allowed_moves(K, reach)  # (moves, 2)
         moves = len(from_to)
@@ -307,8 +307,7 @@ def allowed_moves(num_states: int, reach: int = 0) -> torch.Tensor:
     """
     states = torch.arange(num_states)
     apart = (states[:, None] - states[None, :]).abs()  # (K, K)
-    allowed = (apart > 0) & ((apart <= reach) if reach > 0 else torch.ones_like(apart, dtype=torch.bool))
-    return allowed.nonzero()
+    return ((apart > 0) & (apart <= (reach or num_states))).nonzero()
 
 
 def _sex_flags(token_ids: torch.Tensor, sex: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
