@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -99,13 +100,16 @@ def test_the_start_finds_the_hidden_state_and_the_chances_it_records_codes_with(
     assert chance_b[0] > 4 * chance_b[4] and chance_b[3] > chance_b[7] and chance_b[7] < 0.1, chance_b
 
 
-def test_a_start_that_the_budget_leaves_no_time_for_changes_nothing():
+def test_a_start_that_the_budget_leaves_no_time_for_changes_nothing(caplog: pytest.LogCaptureFixture):
     split = _Split(_hidden_onset_histories(patients=20))
     f = HiddenStateFilter(VOCAB, num_labels=2, num_states=2)
     weights = {k: v.clone() for k, v in f.state_dict().items()}
-    report = prefit_chains(f, torch.tensor([A, B]), split, deadline=time.monotonic() - 1.0)  # type: ignore[arg-type]
+    name = "state path set 1's chains"
+    with caplog.at_level(logging.INFO, logger="behrt_rope"):
+        report = prefit_chains(f, torch.tensor([A, B]), split, deadline=time.monotonic() - 1.0, name=name)  # type: ignore[arg-type]
     assert report["epochs"] == 0 and report["nll_per_visit"] is None and "budget" in report["stopped_by"]
     assert all(torch.equal(v, f.state_dict()[k]) for k, v in weights.items())
+    assert f"{name} start at random: the time budget" in caplog.text  # the log says which set got no start
 
 
 @pytest.mark.parametrize("epochs", [1, 3])

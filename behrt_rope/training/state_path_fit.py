@@ -226,7 +226,8 @@ def _train(
     prefit = None
     if prefit_epochs > 0:
         start = cast(HiddenStateFilter, chains)
-        prefit = prefit_chains(start, path.label_token_ids, train, prefit_epochs, seed, deadline, device)
+        name = f"state path set {number}'s chains"
+        prefit = prefit_chains(start, path.label_token_ids, train, prefit_epochs, seed, deadline, device, name=name)
     optimizer = torch.optim.Adam(chains.parameters(), lr=LEARNING_RATE)
     started, best, stop = time.monotonic(), _Best(), f"state_path_max_epochs ({max_epochs})"
     epoch = 0

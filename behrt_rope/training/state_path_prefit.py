@@ -79,13 +79,14 @@ def prefit_chains(
     device: torch.device | None = None,
     start_log_odds: tuple[float, float] = START_LOG_ODDS,
     start_spread: float = START_SPREAD,
+    name: str = "state path's chains",
 ) -> dict[str, Any]:
     """Fit ``chains`` as hidden Markov models of their label codes on the train split by maximum likelihood, then
     make that model their start (:meth:`HiddenStateFilter.adopt_emissions`). Stops at ``max_epochs``, once an
     epoch gains less than :data:`TOLERANCE` a step, or before an epoch that would end past ``deadline``
     (``time.monotonic()``). The codes' log-odds start on a ladder over the states from ``start_log_odds[0]`` to
     ``start_log_odds[1]`` plus noise of sd ``start_spread``. Returns the epochs run and the last mean negative
-    log-likelihood per visit."""
+    log-likelihood per visit. ``name`` says which chains in the log (e.g. ``"state path set 1's chains"``)."""
     device = device or torch.device("cpu")
     chains.to(device).train()
     codes = emitted_codes(chains, label_token_ids)
@@ -121,10 +122,8 @@ def prefit_chains(
             break
         previous = nll
     if not epochs:
-        log.info("finetune: state path's chains start at random: %s left no time for their codes' record", stopped_by)
+        log.info("finetune: %s start at random: %s left no time for their codes' record", name, stopped_by)
         return {"epochs": 0, "nll_per_visit": None, "stopped_by": stopped_by}
     chains.adopt_emissions(codes, log_odds.detach(), label_token_ids.to(device))
-    log.info(
-        "finetune: state path's chains started from their codes' record: %d epochs, %.4f nats a visit", epochs, nll
-    )
+    log.info("finetune: %s started from their codes' record: %d epochs, %.4f nats a visit", name, epochs, nll)
     return {"epochs": epochs, "nll_per_visit": round(nll, 5), "stopped_by": stopped_by}
