@@ -54,7 +54,12 @@ from behrt_rope.training.distillation_choice import (
 from behrt_rope.training.loaders import SplitData, make_loader, padding_report
 from behrt_rope.training.soup import TopChecksSoup
 from behrt_rope.training.sparse_time_fit import fit_path, set_path_share
-from behrt_rope.training.state_path_fit import CROSS_EVIDENCE_L1, fit_state_path, set_state_path_share
+from behrt_rope.training.state_path_fit import (
+    CROSS_EVIDENCE_L1,
+    RECORD_WEIGHT,
+    fit_state_path,
+    set_state_path_share,
+)
 from behrt_rope.training.state_path_fit import MAX_EPOCHS as STATE_PATH_EPOCHS
 from behrt_rope.training.state_path_prefit import PREFIT_EPOCHS
 from behrt_rope.training.tasks import MultiLabelTask, macro_average_precision
@@ -156,6 +161,11 @@ class Config:
     """With model.state_path, each set of chains first starts from a hidden Markov model of its label codes'
     record, fitted by maximum likelihood for at most this many epochs (``training.state_path_prefit``); 0: from a
     random start. On since session 66."""
+    state_path_record_weight: float = RECORD_WEIGHT
+    """With model.state_path, the weight in the chains' fit of the negative log-likelihood per visit of their own
+    codes' record (read off their own codes' evidence as a hidden Markov model), beside the next-visit loss
+    (``training.state_path_fit``); 0 (the default): the next-visit loss alone. A little better on a progression
+    screening cohort, worse on recurrence and clinical ones (docs/benchmarks.md, "Sixty-seventh round")."""
     select_by: Literal["loss", "macro_ap"] = "loss"
     """What picks the best tuning check (the checkpoint kept, the checks of the soup, early stopping): the tuning
     split's BCE loss or its macro AP. The loss averages over every sample and label and is the less noisy of the
@@ -434,6 +444,7 @@ def _fit_chains(
         config.state_path_pair_correlation,
         choose_share=False,
         prefit_epochs=config.state_path_prefit_epochs,
+        record_weight=config.state_path_record_weight,
     )
     if kept > 0:
         report["seconds_kept_for_second_training"] = round(kept, 1)
@@ -582,6 +593,9 @@ def _check_path_settings(config: Config) -> None:
         raise UserError(
             f"state_path_prefit_epochs must be >= 0 (0: a random start), got {config.state_path_prefit_epochs}"
         )
+    if config.state_path_record_weight < 0:
+        weight = config.state_path_record_weight
+        raise UserError(f"state_path_record_weight must be >= 0 (0: the next-visit loss alone), got {weight}")
     if config.state_path_max_epochs < 0:
         raise UserError(f"state_path_max_epochs must be >= 0 (0: not fitted), got {config.state_path_max_epochs}")
     pairing = config.state_path_pair_correlation

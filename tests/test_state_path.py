@@ -25,7 +25,15 @@ from behrt_rope.training.chain_pairs import paired_chains
 from behrt_rope.training.inference import multilabel_model, score_parts
 from behrt_rope.training.loaders import SplitData
 from behrt_rope.training.sparse_time_fit import logit
-from behrt_rope.training.state_path_fit import EQUAL_SHARE, SHARE_GRID, _train, fit_state_path, set_state_path_share
+from behrt_rope.training.state_path_fit import (
+    EQUAL_SHARE,
+    SHARE_GRID,
+    _record_nll,
+    _train,
+    fit_state_path,
+    set_state_path_share,
+)
+from behrt_rope.training.state_path_prefit import emitted_codes
 from behrt_rope.training.tasks import macro_average_precision
 from behrt_rope.training.tuning_logits import TuningLogits
 from pipelines.evaluate import ablation_parts
@@ -326,6 +334,28 @@ def test_a_set_whose_first_epoch_would_overrun_the_budget_is_not_started(fitted:
     assert on_time.epochs == 1 and on_time.best.weights is not None and on_time.epoch_seconds > 0
 
 
+def test_the_record_term_keeps_the_chains_a_closer_model_of_their_codes_record(fitted: tuple[Path, Path]):
+    """From the same start, the same batches and seed, a fit with the record term ends with a higher likelihood
+    of the train split's record of each chain's own codes than the next-visit loss alone, and is recorded."""
+    root, model_dir = fitted
+    bundle = load_bundle(model_dir, "multilabel")
+    train, tuning = _split(root, bundle, S.TRAIN), _split(root, bundle, S.TUNING)
+    assert read_metrics(model_dir)["state_path"]["record_weight"] == 0.0  # the default (off), in metrics.json
+    nll = {}
+    for weight in (0.0, 1.0):
+        torch.manual_seed(0)
+        model = multilabel_model(bundle)
+        assert model.state_path is not None
+        fit = _train(model, 0, train, tuning, None, 0.0, 2e-4, 3, 0, False, torch.device("cpu"), 0, weight)
+        assert fit.best.weights is not None
+        chains = model.state_path.chains[0]
+        chains.load_state_dict(fit.best.weights)
+        batch = train.collate([train.dataset[i] for i in range(len(train.dataset))])
+        with torch.no_grad():
+            nll[weight] = float(_record_nll(chains, batch, emitted_codes(chains, model.state_path.label_token_ids)))
+    assert nll[1.0] < nll[0.0] - 0.01, nll
+
+
 @pytest.mark.parametrize(
     ("setting", "value", "message"),
     [
@@ -333,6 +363,7 @@ def test_a_set_whose_first_epoch_would_overrun_the_budget_is_not_started(fitted:
         ("sparse_time_share", -0.1, "sparse_time_share must lie in \\[0, 1\\]"),
         ("state_path_l1", -1e-4, "state_path_l1 must be >= 0"),
         ("state_path_max_epochs", -1, "state_path_max_epochs must be >= 0"),
+        ("state_path_record_weight", -0.1, "state_path_record_weight must be >= 0"),
         ("state_path_pair_correlation", 1.5, "state_path_pair_correlation must lie in \\[0, 1\\]"),
     ],
 )

@@ -71,6 +71,21 @@ def test_each_chain_emits_the_codes_of_the_labels_that_read_it():
     assert codes.tolist() == [[A, C], [B, -1], [-1, -1]]
 
 
+def test_a_chain_s_own_code_evidence_reads_back_as_the_hidden_markov_model_it_adopted():
+    f = HiddenStateFilter(VOCAB, num_labels=3, num_states=2)
+    f.share_chains(torch.tensor([0, 1, 0]))  # labels of A and C share a chain; B alone (a free slot)
+    labels = torch.tensor([A, B, C])
+    codes = emitted_codes(f, labels)
+    log_odds = torch.tensor([[[-1.0, 0.5], [-2.0, 1.5]], [[0.3, -0.7], [9.0, 9.0]]])  # (2 chains, 2 slots, 2 states)
+    f.adopt_emissions(codes, log_odds, labels)
+    read = f.own_code_log_odds(codes)
+    slot = codes >= 0
+    assert torch.equal(read[slot], log_odds[slot])
+    with torch.no_grad():  # the fit moves the evidence: the reading follows it
+        f.evidence.view(VOCAB, 2, 2)[A, 0] += 1.0
+    assert torch.equal(f.own_code_log_odds(codes)[0, 0], log_odds[0, 0] + 1.0)
+
+
 def test_the_start_finds_the_hidden_state_and_the_chances_it_records_codes_with():
     torch.manual_seed(0)
     split = _Split(_hidden_onset_histories())

@@ -171,6 +171,15 @@ class HiddenStateFilter(nn.Module):
                 state = torch.where(here[:, None, None], joint / norm, ahead)
             return total, real.sum()
 
+    def own_code_log_odds(self, codes: torch.Tensor) -> torch.Tensor:
+        """``(G, J)`` the label codes each chain emits (-1: a free slot) -> ``(G, J, K)`` their evidence on their
+        own chain, read as each code's log-odds of being recorded in each state: the hidden Markov model
+        :meth:`adopt_emissions` started the chains from, as the fit has moved it since. Free slots read code
+        0's evidence, which :meth:`code_log_likelihood` leaves out."""
+        G, J = codes.shape
+        chain = torch.arange(G, device=codes.device)[:, None].expand(G, J)
+        return self.evidence.view(self.vocab_size, self.num_chains, self.num_states)[codes.clamp(min=0), chain]
+
     def adopt_emissions(self, codes: torch.Tensor, log_odds: torch.Tensor, label_codes: torch.Tensor) -> None:
         """Make the filter the hidden Markov model :meth:`code_log_likelihood` scores (``codes`` ``(G, J)``,
         ``log_odds`` ``(G, J, K)``): each code's evidence on its chain is its log-odds (the chance of its absence

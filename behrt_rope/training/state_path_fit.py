@@ -2,7 +2,8 @@
 
 After the deep part is trained (and the sparse time path's share set), ``finetune`` trains the state path's
 sets of chains alone, one after another, on the same train samples and targets: Adam on their own binary
-cross-entropy plus an L1 penalty on cross-code evidence (:meth:`StatePath.cross_evidence_l1`), an epoch at a
+cross-entropy plus an L1 penalty on cross-code evidence (:meth:`StatePath.cross_evidence_l1`) and, at
+:data:`RECORD_WEIGHT`, the negative log-likelihood per visit of their own codes' record (below), an epoch at a
 time over length-sorted batches, keeping the weights of the epoch with the best tuning macro AP of the set alone
 and stopping :data:`PATIENCE` epochs after it, at :data:`MAX_EPOCHS`, or when the next epoch would overrun the
 stage's time budget (sets the budget leaves unfitted get no weight). Their share of the model's logit is 0 (the
@@ -10,6 +11,16 @@ model as it was) unless a share of :data:`SHARE_GRID` is clearly better on the t
 over its patients), so a cohort where the chains add nothing keeps its model; where the chains alone are not
 clearly worse than the model, the reference is an equal mix (:data:`EQUAL_SHARE`) instead of 0. Without a
 tuning split nothing could choose either, and the path is not fitted.
+
+The record term (opt-in) keeps each chain a model of its codes' whole record while it learns the next visit. The chains
+start from a hidden Markov model of that record (``state_path_prefit.py``), in which a code's evidence on its
+chain is its log-odds of being recorded in each state; the next-visit loss alone then moves that evidence, the
+moves and the first-visit law wherever they predict the next visit best, and lets go of what every other visit
+says. Read the same way throughout the fit, the evidence of a chain's own codes keeps scoring the record
+(:meth:`~behrt_rope.model.state_filter.HiddenStateFilter.own_code_log_odds`), and that likelihood joins the loss:
+a hybrid of generative and discriminative training of one model, as the learner told the progression structure
+(fitted on the record alone) closes the whole gap the chains close 64-87% of (docs/benchmarks.md, "Forty-third
+round" and "Sixty-seventh round").
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from behrt_rope.training.chain_pairs import PAIR_CORRELATION, paired_chains
 from behrt_rope.training.clear_gain import ClearChoice, choose_clearly_better
 from behrt_rope.training.inference import score_parts
 from behrt_rope.training.loaders import SplitData
-from behrt_rope.training.state_path_prefit import PREFIT_EPOCHS, prefit_chains
+from behrt_rope.training.state_path_prefit import PREFIT_EPOCHS, emitted_codes, prefit_chains
 from behrt_rope.training.tasks import macro_average_precision
 
 log = logging.getLogger("behrt_rope.finetune")
@@ -50,6 +61,13 @@ CROSS_EVIDENCE_L1 = 2e-4
 of (per label; the loss is a mean over labels): about 3e-6 per weight at 64 labels, where it lifted the
 chains' own tuning macro AP on a progression draw from 0.1483 to 0.1530 (docs/benchmarks.md, "Forty-fifth
 round")."""
+RECORD_WEIGHT = 0.0
+"""Default weight of the record term in the chains' loss (``finetune`` ``state_path_record_weight``): the negative
+log-likelihood per visit of the chains' own codes' record, beside the next-visit binary cross-entropy (a mean over
+labels). Off by default: on screening cohorts' tuning splits (one set of chains alone) 0.05 lifted progression by
++0.0005 macro AP (three seeds, each up; 0.01-1 all +0.0002 to +0.0005) but lowered recurrence_sparse by 0.0023-0.0034
+(three seeds) and the clinical cohort by 0.0004 and 0.0055 (two), whose records no small hidden Markov model writes,
+at 1.2-1.6x the chains' fitting time (docs/benchmarks.md, "Sixty-seventh round")."""
 SHARE_GRID = (0.0, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 1.0)
 """The state path's candidate shares of the model's logit; 0 leaves the model as it was, 1 is the chains alone.
 0.9 and 1 since session 50: on progression draws the chains alone beat every mix (their logits spread less than
@@ -78,6 +96,7 @@ def fit_state_path(
     pair_correlation: float | None = PAIR_CORRELATION,
     choose_share: bool = True,
     prefit_epochs: int = PREFIT_EPOCHS,
+    record_weight: float = RECORD_WEIGHT,
 ) -> dict[str, Any]:
     """Train ``model.state_path``'s sets of chains one after another and set its share (``share``, or as
     :func:`set_state_path_share` chooses on the tuning split);
@@ -88,8 +107,8 @@ def fit_state_path(
     final, and the chains' tuning macro AP alone (``tuning_macro_ap_alone``) is left to the caller, who scores the
     tuning split once for every part (``training/tuning_logits.py``). Each set starts from a hidden Markov model
     of its label codes' record fitted for at most ``prefit_epochs`` epochs (``training/state_path_prefit.py``;
-    0: from its random start). Returns what ``metrics.json`` records under ``state_path``. The rest of the model
-    is not changed."""
+    0: from its random start), and is fitted with the record term at ``record_weight`` (0: none). Returns what
+    ``metrics.json`` records under ``state_path``. The rest of the model is not changed."""
     path = model.state_path
     assert path is not None, "fit_state_path needs a model with a state path (model.state_path)"
     if not len(tuning.y):
@@ -116,6 +135,7 @@ def fit_state_path(
             progress,
             device,
             prefit_epochs,
+            record_weight,
         )
         best, epoch_seconds = fit.best, fit.epoch_seconds
         sets.append(
@@ -138,6 +158,7 @@ def fit_state_path(
         "stopped_by": sets[-1]["stopped_by"],
         "sets": [{**s, "tuning_macro_ap": round(s["tuning_macro_ap"], 5)} for s in sets],
         "cross_evidence_l1": l1,
+        "record_weight": record_weight,
         "shared_chains": shared,
     }
     if not any(fitted):
@@ -208,6 +229,7 @@ def _train(
     progress: bool,
     device: torch.device,
     prefit_epochs: int = 0,
+    record_weight: float = 0.0,
 ) -> _SetFit:
     """Epochs of Adam on set ``number`` of the chains alone (the path scores it alone meanwhile), none that would
     end past ``deadline`` (``time.monotonic()``; None: no budget), ``epoch_seconds`` the time an epoch is expected
@@ -223,11 +245,13 @@ def _train(
     sampler = BucketBatchSampler(lengths, BATCH_PATIENTS, bucket_size=len(lengths), seed=seed)  # one global sort
     path.to(device).use_copies([c == number for c in range(path.copies)])
     chains.train().requires_grad_(True)
-    prefit = None
+    prefit, chain_filter = None, cast(HiddenStateFilter, chains)
+    codes = emitted_codes(chain_filter, path.label_token_ids)  # (G, J) each chain's own label codes
     if prefit_epochs > 0:
-        start = cast(HiddenStateFilter, chains)
         name = f"state path set {number}'s chains"
-        prefit = prefit_chains(start, path.label_token_ids, train, prefit_epochs, seed, deadline, device, name=name)
+        prefit = prefit_chains(
+            chain_filter, path.label_token_ids, train, prefit_epochs, seed, deadline, device, name=name
+        )
     optimizer = torch.optim.Adam(chains.parameters(), lr=LEARNING_RATE)
     started, best, stop = time.monotonic(), _Best(), f"state_path_max_epochs ({max_epochs})"
     epoch = 0
@@ -249,6 +273,8 @@ def _train(
                 batch["token_ids"], batch["visit_index"], batch["ages"], batch["score_at"], batch.get("sex")
             )
             loss = multilabel_loss(logits, batch["targets"]) + l1 * path.cross_evidence_l1(number)
+            if record_weight > 0:
+                loss = loss + record_weight * _record_nll(chain_filter, batch, codes)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -348,3 +374,17 @@ def chains_comparable(against_model: ClearChoice) -> bool:
     False
     """
     return against_model.over_reference[1.0][2] >= 0.0
+
+
+def _record_nll(chains: HiddenStateFilter, batch: dict[str, torch.Tensor], codes: torch.Tensor) -> torch.Tensor:
+    """``()`` the negative log-likelihood per visit (nats) of the batch's record of each chain's own ``codes``
+    ``(G, J)``, their evidence read as their log-odds of being recorded in each state."""
+    loglik, visits = chains.code_log_likelihood(
+        batch["token_ids"],
+        batch["visit_index"],
+        batch["ages"],
+        codes,
+        chains.own_code_log_odds(codes),
+        batch.get("sex"),
+    )
+    return -loglik / visits.clamp(min=1)
