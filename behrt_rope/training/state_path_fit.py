@@ -67,7 +67,7 @@ log-likelihood per visit of the chains' own codes' record, beside the next-visit
 labels). Off by default: on screening cohorts' tuning splits (one set of chains alone) 0.05 lifted progression by
 +0.0005 macro AP (three seeds, each up; 0.01-1 all +0.0002 to +0.0005) but lowered recurrence_sparse by 0.0023-0.0034
 (three seeds) and the clinical cohort by 0.0004 and 0.0055 (two), whose records no small hidden Markov model writes,
-at 1.2-1.6x the chains' fitting time (docs/benchmarks.md, "Sixty-seventh round")."""
+at a second pass of the forward algorithm a step (docs/benchmarks.md, "Sixty-seventh round")."""
 SHARE_GRID = (0.0, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 1.0)
 """The state path's candidate shares of the model's logit; 0 leaves the model as it was, 1 is the chains alone.
 0.9 and 1 since session 50: on progression draws the chains alone beat every mix (their logits spread less than
