@@ -9,7 +9,8 @@ these, a share per label (the best of a finer grid by each label's AP), one shru
 the label's number of positives (``n / (n + k)`` of the way), shares chosen by the tuning cross-entropy instead of
 AP (one for all labels, or one per label: the loss reads every sample, not only the ranking of the few positives),
 two shares by history (one where the label's code is already on file, one for new onsets; the best pair by point
-estimate, or the common share unless a pair is clearly better), or a fixed share, ranks best. It needs a model
+estimate, or the common share unless a pair is clearly better), the default rule with the deep part alone (0) and
+nearly alone (0.1) among its shares (``clearly_better_than_0.5_from_0``), or a fixed share, ranks best. It needs a model
 fine-tuned on an ETL output with a *large* tuning split (``etl.split.tuning=0.45``, about 3,500 patients): the tuning
 split's logits of each part are scored once, then, ``--repeats`` times, ``--choose-patients`` random tuning
 patients (the size of the default 5% split of 8,000) choose each share and the remaining tuning patients
@@ -53,6 +54,8 @@ SHRINKAGE = (5, 20, 50)
 """Pseudo-positives ``k`` of the shrunk per-label shares."""
 HISTORY_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 """Shares each history (code on file, new onset) may get."""
+GRID_FROM_0 = (0.0, 0.1, *SHARE_GRID)
+"""The common shares with the deep part alone and nearly alone added (``clearly_better_than_0.5_from_0``)."""
 
 
 def loss_by_label(y: np.ndarray, logits: np.ndarray) -> np.ndarray:
@@ -146,6 +149,7 @@ def method_shares(
     shares = {
         "best_point_estimate": np.full(labels, common),
         "clearly_better_than_0.5": np.full(labels, default),
+        "clearly_better_than_0.5_from_0": np.full(labels, clear_share(deep, path, y, patients, GRID_FROM_0).chosen),
         "fixed_0.4": np.full(labels, 0.4),
         "fixed_0.5": np.full(labels, EQUAL_SHARE),
         "deep_alone": np.zeros(labels),
@@ -208,11 +212,17 @@ def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, see
     scores: dict[str, list[float]] = {}
     commons: list[float] = []
     pairs: dict[str, Counter[str]] = {"by_history": Counter(), "by_history_clear": Counter()}
+    clear_chosen: dict[str, Counter[float]] = {
+        "clearly_better_than_0.5": Counter(),
+        "clearly_better_than_0.5_from_0": Counter(),
+    }
     for choose in choosing_samples(patients, choose_patients, repeats, seed):
         shares, common = method_shares(y[choose], deep[choose], path[choose], patients[choose], on_file[choose])
         commons.append(common)
         for name, counter in pairs.items():
             counter[f"{shares[name][0, 0]:g}/{shares[name][1, 0]:g}"] += 1
+        for name, chosen in clear_chosen.items():
+            chosen[float(shares[name][0, 0])] += 1
         rest = ~choose
         for name, share in shares.items():
             mixed = mix(deep[rest], path[rest], share, on_file[rest])
@@ -224,6 +234,7 @@ def study(logits: dict[str, np.ndarray], choose_patients: int, repeats: int, see
         "share_grid": list(SHARE_GRID),
         "best_point_estimate_chosen": {str(k): v for k, v in sorted(Counter(commons).items())},
         "by_history_chosen": {name: dict(sorted(c.items())) for name, c in pairs.items()},
+        "clear_rules_chosen": {name: {f"{w:g}": n for w, n in sorted(c.items())} for name, c in clear_chosen.items()},
         "state_share": state_share,
         "methods": against(scores, "best_point_estimate"),
     }

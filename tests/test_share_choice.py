@@ -101,3 +101,16 @@ def test_shares_by_history_stay_common_without_a_clear_gain():
     shares, _ = _shares(data)
     default = shares["clearly_better_than_0.5"][0, 0]
     np.testing.assert_array_equal(shares["by_history_clear"], np.full((2, 2), default))
+
+
+def test_the_rule_from_0_leaves_out_a_path_that_only_adds_noise():
+    data = _two_labels()
+    noise = 3.0 * np.random.default_rng(7).normal(size=data["y"].shape)
+    deep_knows_both = {**data, "deep": np.where(data["y"] == 1, 3.0, -3.0) + data["deep"] * 0.3, "path": noise}
+    shares, _ = _shares(deep_knows_both)
+    assert shares["clearly_better_than_0.5_from_0"][0, 0] in (0.0, 0.1)
+    assert shares["clearly_better_than_0.5"][0, 0] == 0.25  # the default grid's lowest share
+    result = study(deep_knows_both, choose_patients=60, repeats=3, seed=1)
+    assert sum(result["clear_rules_chosen"]["clearly_better_than_0.5_from_0"].values()) == 3
+    methods = result["methods"]
+    assert methods["clearly_better_than_0.5_from_0"]["macro_ap"] > methods["clearly_better_than_0.5"]["macro_ap"]

@@ -143,11 +143,13 @@ def set_path_share(
     return {"sparse_time_share": float(model.sparse_time.share)}
 
 
-def clear_share(deep: np.ndarray, path: np.ndarray, y: np.ndarray, patients: np.ndarray) -> ClearChoice:
-    """:data:`EQUAL_SHARE` unless another share of :data:`SHARE_GRID` is clearly better on the tuning samples
-    (``y`` their ``(N, L)`` targets, ``patients`` ``(N,)`` each one's patient, ``deep`` and ``path`` the ``(N, L)``
-    logits of the two parts; :func:`~behrt_rope.training.clear_gain.choose_clearly_better`)."""
-    mixes = {w: expit((1 - w) * deep + w * path) for w in SHARE_GRID}  # (N, L) probabilities
+def clear_share(
+    deep: np.ndarray, path: np.ndarray, y: np.ndarray, patients: np.ndarray, grid: tuple[float, ...] = SHARE_GRID
+) -> ClearChoice:
+    """:data:`EQUAL_SHARE` unless another share of ``grid`` is clearly better on the tuning samples (``y`` their
+    ``(N, L)`` targets, ``patients`` ``(N,)`` each one's patient, ``deep`` and ``path`` the ``(N, L)`` logits of the
+    two parts; :func:`~behrt_rope.training.clear_gain.choose_clearly_better`)."""
+    mixes = {w: expit((1 - w) * deep + w * path) for w in sorted({*grid, EQUAL_SHARE})}  # (N, L) probabilities
     return choose_clearly_better(y, mixes, patients, reference=EQUAL_SHARE)
 
 
