@@ -145,11 +145,12 @@ def method_shares(
     losses = np.stack([loss_by_label(y, (1 - w) * deep + w * path) for w in FINE_GRID])  # (shares, L)
     positives = y.sum(0)
     labels = y.shape[1]
-    default = clear_share(deep, path, y, patients).chosen
+    from_0 = clear_share(deep, path, y, patients, GRID_FROM_0)  # the default grid's intervals among these
+    default = from_0.among(SHARE_GRID)
     shares = {
         "best_point_estimate": np.full(labels, common),
         "clearly_better_than_0.5": np.full(labels, default),
-        "clearly_better_than_0.5_from_0": np.full(labels, clear_share(deep, path, y, patients, GRID_FROM_0).chosen),
+        "clearly_better_than_0.5_from_0": np.full(labels, from_0.chosen),
         "fixed_0.4": np.full(labels, 0.4),
         "fixed_0.5": np.full(labels, EQUAL_SHARE),
         "deep_alone": np.zeros(labels),

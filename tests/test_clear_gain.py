@@ -42,3 +42,20 @@ def test_a_clearly_better_candidate_is_chosen_and_of_two_the_larger_gain():
     assert choice.chosen == 0.65
     assert all(low > 0 for _, low, _ in choice.over_reference.values())
     assert choice.macro_ap[0.65] > choice.macro_ap[0.35] > choice.macro_ap[0.0]
+
+
+def test_the_choice_among_a_subset_is_the_choice_made_on_that_subset_alone():
+    y, base, rng = _scores(3)
+    candidates = {
+        0.0: base,
+        0.5: base + 0.4 * y,  # clearly better
+        0.8: base + 0.8 * y,  # better still
+        0.9: base + 0.02 * rng.normal(size=base.shape),
+    }
+    patients = np.arange(len(y))
+    everyone = choose_clearly_better(y, candidates, patients, reference=0.0)
+    assert everyone.chosen == 0.8
+    for subset in ((0.0, 0.5), (0.0, 0.9), (0.0, 0.5, 0.9)):
+        alone = choose_clearly_better(y, {w: candidates[w] for w in subset}, patients, reference=0.0)
+        assert everyone.among(subset) == alone.chosen
+    assert everyone.among((0.0, 0.5)) == 0.5 and everyone.among((0.0, 0.9)) == 0.0

@@ -31,6 +31,13 @@ class ClearChoice:
     macro_ap: dict[float, float]
     over_reference: dict[float, tuple[float, float, float]]
 
+    def among(self, candidates: tuple[float, ...]) -> float:
+        """The choice :func:`choose_clearly_better` makes from ``candidates`` alone (a subset of these, the reference
+        among them): the same paired intervals, so no candidate is scored again."""
+        reference = next(w for w in self.macro_ap if w not in self.over_reference)
+        clear = [w for w in candidates if w in self.over_reference and self.over_reference[w][1] > 0]
+        return max(clear, key=lambda w: self.over_reference[w][0]) if clear else reference
+
     def intervals(self) -> dict[str, Any]:
         """The paired differences to the reference as ``metrics.json`` records them: the level, then per other
         candidate ``{"difference", "low", "high"}``."""
