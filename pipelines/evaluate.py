@@ -62,6 +62,7 @@ from behrt_rope.evaluation.ceiling import (
     gap_closed,
     oracle_files,
     oracle_matrix,
+    per_code_at_cuts,
     read_oracle,
 )
 from behrt_rope.evaluation.evaluate import evaluate_scores, write_evaluation_report
@@ -496,6 +497,7 @@ def _ceiling(
             for name, e in evaluations.items()
         },
         "by_history": by_history,
+        "per_code": per_code_at_cuts(evaluations),
     }
 
 

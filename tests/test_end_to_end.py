@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -307,6 +308,13 @@ def test_evaluate_against_the_oracle(oracle_run):
     expected = (model["overall"]["macro_ap"] - one_cut_ap) / (oracle_ap - one_cut_ap)
     assert model["gap_closed_one_cut"]["point"] == pytest.approx(expected)
     assert predictors["logistic_regression_one_cut"]["gap_closed_one_cut"]["point"] == pytest.approx(0.0)
+    # Each label code's AP at the cuts, every predictor: their mean over the codes with a positive is macro AP.
+    rows = ceiling["per_code"]
+    assert len(rows) == len(read_metrics(ev)["model"]["per_code"])
+    assert all(set(row["ap"]) == set(predictors) for row in rows)
+    for name, entry in predictors.items():
+        aps = [row["ap"][name] for row in rows if row["ap"][name] is not None]
+        assert np.mean(aps) == pytest.approx(entry["overall"]["macro_ap"]), name
     # Apart on codes already on file and on new onsets: every predictor, anchored at the same two ends.
     parts = ceiling["by_history"]
     assert set(parts) == {"on_file", "new_onset"}

@@ -206,3 +206,20 @@ def gap_by_history(
                 "gap_closed": closed[name],
             }
     return parts
+
+
+def per_code_at_cuts(evaluations: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each label code's AP for every predictor at the cuts, from :func:`evaluate_scores` results by predictor
+    name (all on the same samples): ``[{"code", "n_positive", "ap": {name: AP or None}}]``, most prevalent first.
+    Which codes a model trails the oracle on is what its macro AP alone cannot tell.
+
+    >>> rows = lambda aps: [{"code": c, "n_positive": n, "ap": a} for c, n, a in zip("AB", (9, 4), aps)]
+    >>> per_code_at_cuts({"model": {"per_code": rows((0.5, None))}, "oracle": {"per_code": rows((0.7, 0.2))}})[1]
+    {'code': 'B', 'n_positive': 4, 'ap': {'model': None, 'oracle': 0.2}}
+    """
+    table: dict[str, dict[str, Any]] = {}
+    for name, evaluation in evaluations.items():
+        for row in evaluation["per_code"]:
+            entry = table.setdefault(row[S.CODE], {"code": row[S.CODE], "n_positive": row["n_positive"], "ap": {}})
+            entry["ap"][name] = row["ap"]
+    return list(table.values())
