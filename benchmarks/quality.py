@@ -53,6 +53,8 @@ The cohorts differ in structure, and their seeds are ones the defaults were neve
 * ``progression``: the third generator family (``synth.process=progression``): conditions in pairs move
   through hidden stages that visits record with stage-dependent chances. Its oracle is the exact posterior
   of the stages given the record, so it is also the ceiling a model of the record can reach.
+* ``progression_200_codes``: the same family with a catalogue of 200 codes instead of 64: about three times as
+  many condition pairs (so three times as many hidden-state chains to fit) and background codes.
 
 ``--seed-offset N`` adds N to every seed: the same shapes drawn afresh (new catalogues for the recurrence family),
 cohorts that neither the defaults nor earlier runs of this benchmark have seen.
@@ -119,6 +121,7 @@ COHORTS: dict[str, list[str]] = {
         "synth.visit_rate=1.1",
     ],
     "progression": ["--seed", "3061", "synth.process=progression"],
+    "progression_200_codes": ["--seed", "3071", "synth.process=progression", "synth.codes=200"],
 }
 PREDICTORS = ("model", *REFERENCE_NAMES, "oracle")
 
