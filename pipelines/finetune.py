@@ -153,6 +153,10 @@ class Config:
     state_path_max_epochs: int = STATE_PATH_EPOCHS
     """With model.state_path, its fit's epochs at most (it stops earlier when its tuning macro AP has not
     improved for 4 epochs, or when the next epoch would overrun ``trainer.max_minutes``)."""
+    state_path_time_share: float = 0.0
+    """With model.state_path and a time budget (``trainer.max_minutes``), the share of the budget the first
+    training of the deep part leaves to the chains fitted after it: the first training's schedule ends early
+    enough for it (``training.time_budget``). 0: the first training takes what it can, the chains what is left."""
     state_path_pair_correlation: float | None = PAIR_CORRELATION
     """With model.state_path, two label codes share one chain when each is the other's most correlated label
     code across the train patients (presence) and the correlation is at least this (``training.chain_pairs``);
@@ -350,7 +354,8 @@ def _train_candidates(
     ``state_path_teacher``, join the teacher (:mod:`~behrt_rope.training.teacher`). Also returned: the tuning
     split's logits of every part and run (None without tuning samples), scored once for all the choices."""
     start = {k: v.detach().clone() for k, v in first.state_dict().items()}
-    runs = [_train_deep(config, first, new_task, out, train, tuning, stage_started, config.resume)]
+    held_back = config.state_path_time_share if first.model.state_path is not None and len(tuning.y) else 0.0
+    runs = [_train_deep(config, first, new_task, out, train, tuning, stage_started, config.resume, held_back)]
     chains = _fit_chains(config, runs[0], train, tuning, stage_started, second_training=len(weights) > 1)
     model, device = runs[0].task.model, runs[0].trainer.strategy.root_device
     fitted = chains is not None and bool(chains.get("fitted"))
@@ -503,14 +508,16 @@ def _train_deep(
     tuning: SplitData,
     stage_started: float,
     resume: str,
+    held_back_share: float = 0.0,
 ) -> DeepRun:
-    """Train ``task``'s deep part in ``out`` (checkpoints, logs) and keep its best check or their soup."""
+    """Train ``task``'s deep part in ``out`` (checkpoints, logs) and keep its best check or their soup;
+    ``held_back_share`` of the time budget is left to the work after it (:func:`time_budget`)."""
     tc, weight = config.trainer, task.path_distillation
     train_loader = make_loader(train.dataset, tc, train.collate, True)
     val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
     monitor, mode = MONITORS[config.select_by]
     soup = _soup_callback(config, val_loader is not None, monitor, mode)
-    budget = time_budget(tc, stage_started, AFTER_TRAINING_VALIDATIONS)
+    budget = time_budget(tc, stage_started, AFTER_TRAINING_VALIDATIONS, held_back_share)
     trainer = build_trainer(
         tc, out, monitor if val_loader is not None else None, mode, train_loader, [c for c in (soup, budget) if c]
     )
@@ -596,6 +603,9 @@ def _check_path_settings(config: Config) -> None:
     if config.state_path_record_weight < 0:
         weight = config.state_path_record_weight
         raise UserError(f"state_path_record_weight must be >= 0 (0: the next-visit loss alone), got {weight}")
+    if not 0.0 <= config.state_path_time_share < 1.0:
+        share = config.state_path_time_share
+        raise UserError(f"state_path_time_share must lie in [0, 1) (0: nothing held back for the chains), got {share}")
     if config.state_path_max_epochs < 0:
         raise UserError(f"state_path_max_epochs must be >= 0 (0: not fitted), got {config.state_path_max_epochs}")
     pairing = config.state_path_pair_correlation

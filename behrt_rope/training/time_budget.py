@@ -46,15 +46,21 @@ class TimeBudget(pl.Callback):
         spent_seconds: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         reserve_validations: float = 0.0,
+        held_back_seconds: float = 0.0,
     ):
         if minutes <= 0:
             raise ValueError(f"a time budget needs minutes > 0, got {minutes}")
         if reserve_validations < 0:
             raise ValueError(f"reserve_validations must be >= 0, got {reserve_validations}")
+        if held_back_seconds < 0:
+            raise ValueError(f"held_back_seconds must be >= 0, got {held_back_seconds}")
         self.minutes = minutes
         self.spent_seconds = spent_seconds
         self.clock = clock
         self.reserve_validations = reserve_validations
+        self.held_back_seconds = held_back_seconds
+        """Seconds left to the stage's work after training on top of the validations' reserve (fine-tuning's
+        chains), not counted in :attr:`reserve_seconds`."""
         self.planned_epochs: int | None = None
         self.stopped = False
         self.validation_seconds = 0.0
@@ -72,8 +78,9 @@ class TimeBudget(pl.Callback):
 
     @property
     def seconds(self) -> float:
-        """The budget left for training: ``minutes`` less what the stage spent before training and the reserve."""
-        return self.minutes * 60.0 - self.spent_seconds - self.reserve_seconds
+        """The budget left for training: ``minutes`` less what the stage spent before training, the reserve and
+        the seconds held back."""
+        return self.minutes * 60.0 - self.spent_seconds - self.reserve_seconds - self.held_back_seconds
 
     def elapsed(self) -> float:
         """Seconds of training so far, the resumed run's included; 0 before training starts."""
@@ -154,6 +161,7 @@ class TimeBudget(pl.Callback):
             "time_budget_planned_epochs": self.planned_epochs,
             "time_budget_stopped": self.stopped,
             "time_budget_reserved_seconds": round(self.reserve_seconds, 1),
+            "time_budget_held_back_seconds": round(self.held_back_seconds, 1),
         }
 
 
