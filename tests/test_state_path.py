@@ -364,6 +364,7 @@ def test_the_record_term_keeps_the_chains_a_closer_model_of_their_codes_record(f
         ("state_path_l1", -1e-4, "state_path_l1 must be >= 0"),
         ("state_path_max_epochs", -1, "state_path_max_epochs must be >= 0"),
         ("state_path_record_weight", -0.1, "state_path_record_weight must be >= 0"),
+        ("state_path_time_share", 1.0, "state_path_time_share must lie in \\[0, 1\\)"),
         ("state_path_pair_correlation", 1.5, "state_path_pair_correlation must lie in \\[0, 1\\]"),
     ],
 )

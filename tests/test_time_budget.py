@@ -123,6 +123,7 @@ def test_a_tight_budget_ends_the_schedule_at_the_last_epoch_that_fits_and_stops_
         "time_budget_planned_epochs": 5,
         "time_budget_stopped": True,
         "time_budget_reserved_seconds": 0.0,
+        "time_budget_held_back_seconds": 0.0,
     }
     messages = [r.getMessage() for r in caplog.records]
     assert any("5 epochs fit in 5.5 minutes at 60 s per epoch" in m for m in messages), messages
@@ -173,6 +174,20 @@ def test_a_reserve_of_validations_is_held_back_for_the_work_after_training(
     assert budget.elapsed() + budget.reserve_seconds <= 330.0
     with pytest.raises(ValueError, match="reserve_validations must be >= 0"):
         TimeBudget(minutes=1.0, reserve_validations=-1.0)
+
+
+def test_seconds_held_back_for_the_chains_shorten_the_training_and_stay_apart_from_the_reserve(tmp_path: Path) -> None:
+    """Epochs of 60 s in 330 s: five fit; 100 s held back (fine-tuning's chains) leave 230 s, in which three do.
+    The held-back seconds are not part of the reserve that the stage's later choices are told about."""
+    clock = FakeClock(epoch_seconds=60.0)
+    budget = TimeBudget(minutes=5.5, clock=clock, held_back_seconds=100.0)
+    cfg = TrainerConfig(max_epochs=20, accelerator="cpu", early_stopping_patience=0)
+    trainer, _ = fit(tmp_path, cfg, budget, clock)
+    assert trainer.current_epoch == 3 and budget.planned_epochs == 3 and budget.stopped
+    assert budget.reserve_seconds == 0.0
+    assert budget.report()["time_budget_held_back_seconds"] == 100.0
+    with pytest.raises(ValueError, match="held_back_seconds must be >= 0"):
+        TimeBudget(minutes=1.0, held_back_seconds=-1.0)
 
 
 def test_the_elapsed_time_and_the_plan_survive_a_checkpoint() -> None:
