@@ -156,7 +156,11 @@ class Config:
     state_path_time_share: float = 0.0
     """With model.state_path and a time budget (``trainer.max_minutes``), the share of the budget the first
     training of the deep part leaves to the chains fitted after it: the first training's schedule ends early
-    enough for it (``training.time_budget``). 0: the first training takes what it can, the chains what is left."""
+    enough for it (``training.time_budget``). 0 (the default): the first training takes what it can, the chains
+    what is left. 0.3 gave the chains the time they lacked on a 200-code progression cohort (+0.0073 tuning macro AP)
+    but cost a long dense clinical one, where the first training is budget-bound and the chains' share stays 0,
+    0.0013 (docs/benchmarks.md, "Seventy-second round"): the share the chains need depends on whether they carry
+    the cohort, which a fixed share cannot tell."""
     state_path_pair_correlation: float | None = PAIR_CORRELATION
     """With model.state_path, two label codes share one chain when each is the other's most correlated label
     code across the train patients (presence) and the correlation is at least this (``training.chain_pairs``);

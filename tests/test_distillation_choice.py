@@ -305,3 +305,18 @@ def test_with_one_distillation_weight_the_chains_are_not_held_back(
     assert _finetune(etl, out, *CHAINS, "sparse_time_distillation=0") == 0
     assert asked == [False]
     assert "seconds_kept_for_second_training" not in read_metrics(out)["state_path"]
+
+
+def test_the_first_training_holds_back_the_chains_share_of_the_budget_only_with_chains(
+    etl: Path, tmp_path: Path
+) -> None:
+    """``state_path_time_share`` of the 12-minute budget is held back by the first training's budget (and reported),
+    not by the validations' reserve the later choices subtract; without chains nothing is held back."""
+    with_chains, without = tmp_path / "chains", tmp_path / "none"
+    assert _finetune(etl, with_chains, *CHAINS, "sparse_time_distillation=0", "state_path_time_share=0.25") == 0
+    assert _finetune(etl, without, "sparse_time_distillation=0", "state_path_time_share=0.25") == 0
+    metrics = read_metrics(with_chains)
+    assert metrics["time_budget_held_back_seconds"] == pytest.approx(0.25 * 12 * 60)
+    assert metrics["time_budget_reserved_seconds"] < 60  # a few tiny validations' worth, apart from the share
+    assert metrics["state_path"]["fitted"]
+    assert read_metrics(without)["time_budget_held_back_seconds"] == 0.0
