@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from behrt_rope.model.heads import BehrtForMultiLabel, load_encoder_weights, pos
 from behrt_rope.stage import is_done, require_done, stage, write_json
 from behrt_rope.training.bundle import load_bundle, save_bundle, task_state_dict
 from behrt_rope.training.chain_pairs import PAIR_CORRELATION
+from behrt_rope.training.chains_time import ChainsTime, chains_time
 from behrt_rope.training.checkpoints import load_task_weights
 from behrt_rope.training.clear_gain import CHOICE_LEVEL
 from behrt_rope.training.config import TrainerConfig
@@ -153,14 +155,16 @@ class Config:
     state_path_max_epochs: int = STATE_PATH_EPOCHS
     """With model.state_path, its fit's epochs at most (it stops earlier when its tuning macro AP has not
     improved for 4 epochs, or when the next epoch would overrun ``trainer.max_minutes``)."""
-    state_path_time_share: float = 0.0
+    state_path_time_share: float | None = 0.0
     """With model.state_path and a time budget (``trainer.max_minutes``), the share of the budget the first
     training of the deep part leaves to the chains fitted after it: the first training's schedule ends early
     enough for it (``training.time_budget``). 0 (the default): the first training takes what it can, the chains
-    what is left. 0.3 gave the chains the time they lacked on a 200-code progression cohort (+0.0073 tuning macro AP)
-    but cost a long dense clinical one, where the first training is budget-bound and the chains' share stays 0,
-    0.0013 (docs/benchmarks.md, "Seventy-second round"): the share the chains need depends on whether they carry
-    the cohort, which a fixed share cannot tell."""
+    what is left. Null: the data decide (``training.chains_time``): the chains' first set is started from its
+    codes' record and fitted one epoch before the first training and, where it then scores at least the sparse
+    time path alone on the tuning split, 0.3 is held back, else nothing. A fixed 0.3 gave the chains the time
+    they lacked on a 200-code progression cohort (+0.0073 tuning macro AP) but cost a long dense clinical one,
+    where the first training is budget-bound and the chains' share stays 0, 0.0013 (docs/benchmarks.md,
+    "Seventy-second round")."""
     state_path_pair_correlation: float | None = PAIR_CORRELATION
     """With model.state_path, two label codes share one chain when each is the other's most correlated label
     code across the train patients (presence) and the correlation is at least this (``training.chain_pairs``);
@@ -358,9 +362,9 @@ def _train_candidates(
     ``state_path_teacher``, join the teacher (:mod:`~behrt_rope.training.teacher`). Also returned: the tuning
     split's logits of every part and run (None without tuning samples), scored once for all the choices."""
     start = {k: v.detach().clone() for k, v in first.state_dict().items()}
-    held_back = config.state_path_time_share if first.model.state_path is not None and len(tuning.y) else 0.0
-    runs = [_train_deep(config, first, new_task, out, train, tuning, stage_started, config.resume, held_back)]
-    chains = _fit_chains(config, runs[0], train, tuning, stage_started, second_training=len(weights) > 1)
+    time_rule = _chains_time(config, first, train, tuning, stage_started)
+    runs = [_train_deep(config, first, new_task, out, train, tuning, stage_started, config.resume, time_rule.share)]
+    chains = _fit_chains(config, runs[0], train, tuning, stage_started, len(weights) > 1, time_rule)
     model, device = runs[0].task.model, runs[0].trainer.strategy.root_device
     fitted = chains is not None and bool(chains.get("fitted"))
     if fitted:  # later runs start from the fitted chains
@@ -423,9 +427,11 @@ def _fit_chains(
     tuning: SplitData,
     stage_started: float,
     second_training: bool = False,
+    time_rule: ChainsTime | None = None,
 ) -> dict[str, Any] | None:
     """Fit the state path's chains of ``run``'s model (share left at 0); their report, None without them. With
-    ``second_training`` possible, they leave room for it (``distillation_choice.chains_seconds``)."""
+    ``second_training`` possible, they leave room for it (``distillation_choice.chains_seconds``); with
+    ``time_rule``'s first set started, they go on from it (its report joins theirs)."""
     if run.task.model.state_path is None:
         return None
     left = _left_after_reserve(config, stage_started, run)
@@ -454,10 +460,39 @@ def _fit_chains(
         choose_share=False,
         prefit_epochs=config.state_path_prefit_epochs,
         record_weight=config.state_path_record_weight,
+        first_set=None if time_rule is None else time_rule.first_set,
     )
+    if time_rule is not None:
+        report["time_rule"] = time_rule.report
     if kept > 0:
         report["seconds_kept_for_second_training"] = round(kept, 1)
     return report
+
+
+def _chains_time(
+    config: Config, task: MultiLabelTask, train: SplitData, tuning: SplitData, stage_started: float
+) -> ChainsTime:
+    """The share of the time budget the first training leaves to ``task``'s chains (``training.chains_time``);
+    0 and nothing started when the budget is lifted or the chains cannot be fitted (no tuning samples)."""
+    fitted = task.model.state_path is not None and len(tuning.y) and config.state_path_max_epochs > 0
+    if config.trainer.max_minutes <= 0 or not fitted:
+        return ChainsTime(0.0, None, {"share": 0.0, "chosen_by": "no time budget or no chains to fit"})
+    left = budget_left(config.trainer, stage_started) or 0.0
+    on_gpu = config.trainer.accelerator in ("auto", "gpu") and torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else torch.device("cpu")
+    return chains_time(
+        task.model,
+        train,
+        tuning,
+        config.state_path_time_share,
+        config.state_path_pair_correlation,
+        config.state_path_prefit_epochs,
+        config.trainer.seed,
+        device,
+        time.monotonic() + left,
+        config.state_path_l1,
+        config.state_path_record_weight,
+    )
 
 
 def _left_after_reserve(config: Config, stage_started: float, run: DeepRun) -> float | None:
@@ -607,9 +642,12 @@ def _check_path_settings(config: Config) -> None:
     if config.state_path_record_weight < 0:
         weight = config.state_path_record_weight
         raise UserError(f"state_path_record_weight must be >= 0 (0: the next-visit loss alone), got {weight}")
-    if not 0.0 <= config.state_path_time_share < 1.0:
-        share = config.state_path_time_share
-        raise UserError(f"state_path_time_share must lie in [0, 1) (0: nothing held back for the chains), got {share}")
+    share = config.state_path_time_share
+    if share is not None and not 0.0 <= share < 1.0:
+        raise UserError(
+            f"state_path_time_share must lie in [0, 1) (0: nothing held back for the chains; null: the chains' first "
+            f"set decides), got {share}"
+        )
     if config.state_path_max_epochs < 0:
         raise UserError(f"state_path_max_epochs must be >= 0 (0: not fitted), got {config.state_path_max_epochs}")
     pairing = config.state_path_pair_correlation

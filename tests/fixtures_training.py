@@ -10,8 +10,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from behrt_rope import schema as S
 from behrt_rope.cli import main
+from behrt_rope.data.datasets import labelled_dataset
+from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targets
+from behrt_rope.data.sequences import load_tokens
+from behrt_rope.training.loaders import SplitData
 from synthetic_data.generator import SynthConfig, generate
 
 TINY_MODEL = (
@@ -84,6 +90,16 @@ def build_finetuned(root: Path, patients: int = 160, seed: int = 0, *overrides: 
     status = main([*argv, *TINY_MODEL, *FAST_TRAINER, "sparse_time_distillation=0", *overrides])
     assert status == 0, "fine-tuning the tiny model failed"
     return root / "raw", model
+
+
+def split_data(root: Path, bundle: dict[str, Any], name: str) -> SplitData:
+    """Split ``name`` of ``build_finetuned``'s ETL under ``root``, next-visit samples with the fine-tuned model's
+    labels (``bundle``)."""
+    label_of_token = label_index(np.asarray(bundle["label_token_ids"]), len(bundle["vocab"]))
+    part = load_tokens(root / "etl").split(name)
+    samples = build_samples(part, TaskConfig())
+    data, collate = labelled_dataset(part, samples.rows, samples.cuts, samples.label_spans, label_of_token, "visit")
+    return SplitData(part, samples, data, collate, targets(part, samples, label_of_token))
 
 
 def error_line(stderr: str) -> str:

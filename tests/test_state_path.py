@@ -13,7 +13,6 @@ import torch
 
 from behrt_rope import schema as S
 from behrt_rope.data.datasets import labelled_dataset
-from behrt_rope.data.labels import TaskConfig, build_samples, label_index, targets
 from behrt_rope.data.sequences import load_tokens
 from behrt_rope.errors import UserError
 from behrt_rope.model.config import ModelConfig
@@ -23,7 +22,6 @@ from behrt_rope.schema import CLS_ID, N_SPECIAL, SEP_ID
 from behrt_rope.training.bundle import ADDED_LATER, load_bundle, save_bundle
 from behrt_rope.training.chain_pairs import paired_chains
 from behrt_rope.training.inference import multilabel_model, score_parts
-from behrt_rope.training.loaders import SplitData
 from behrt_rope.training.sparse_time_fit import logit
 from behrt_rope.training.state_path_fit import (
     EQUAL_SHARE,
@@ -38,7 +36,7 @@ from behrt_rope.training.tasks import macro_average_precision
 from behrt_rope.training.tuning_logits import TuningLogits
 from pipelines.evaluate import ablation_parts
 from pipelines.finetune import Config, run
-from tests.fixtures_training import build_finetuned, read_metrics
+from tests.fixtures_training import build_finetuned, read_metrics, split_data
 
 A, B = N_SPECIAL, N_SPECIAL + 1
 VOCAB = N_SPECIAL + 4
@@ -220,7 +218,7 @@ def test_the_tuning_figures_finetune_records_are_the_saved_models(fitted: tuple[
     metrics = read_metrics(model_dir)
     bundle = load_bundle(model_dir, "multilabel")
     model = multilabel_model(bundle)
-    tuning = _split(root, bundle, S.TUNING)
+    tuning = split_data(root, bundle, S.TUNING)
     probs = score_parts(model, tuning.seqs, tuning.samples.rows, tuning.samples.cuts)["model"]
     assert metrics["tuning_macro_ap"] == pytest.approx(macro_average_precision(tuning.y, probs), abs=2e-5)
     p = np.clip(probs.astype(np.float64), 1e-12, 1 - 1e-12)
@@ -246,7 +244,6 @@ def test_the_tuning_figures_finetune_records_are_the_saved_models(fitted: tuple[
 
 def _scored_batch(seqs, model: BehrtForMultiLabel) -> tuple[torch.Tensor, ...]:
     """The state path's inputs for the first 8 patients of ``seqs``, every visit scored."""
-    from behrt_rope.data.datasets import labelled_dataset
 
     rows = np.arange(8)
     data, collate = labelled_dataset(seqs, rows, seqs.lengths[rows], None, None, model.pooling)
@@ -296,25 +293,16 @@ def test_a_model_keeps_its_chains_reach_and_one_saved_before_it_moves_between_an
     assert load_bundle(tmp_path, "multilabel")["model_config"].state_path_reach == 0
 
 
-def _split(root: Path, bundle: dict, name: str) -> SplitData:
-    """Split ``name`` of the fixture's ETL, with the fine-tuned model's labels."""
-    label_of_token = label_index(np.asarray(bundle["label_token_ids"]), len(bundle["vocab"]))
-    part = load_tokens(root / "etl").split(name)
-    samples = build_samples(part, TaskConfig())
-    data, collate = labelled_dataset(part, samples.rows, samples.cuts, samples.label_spans, label_of_token, "visit")
-    return SplitData(part, samples, data, collate, targets(part, samples, label_of_token))
-
-
 def test_without_time_left_the_path_is_not_fitted_and_the_model_is_unchanged(fitted: tuple[Path, Path]):
     root, model_dir = fitted
     bundle = load_bundle(model_dir, "multilabel")
     model = multilabel_model(bundle)
-    tuning = _split(root, bundle, S.TUNING)
+    tuning = split_data(root, bundle, S.TUNING)
     assert model.state_path is not None
     model.state_path.set_share(0.0)
     before = score_parts(model, tuning.seqs, parts=("model",))["model"]
     weights = {k: v.clone() for k, v in model.state_path.state_dict().items()}
-    report = fit_state_path(model, _split(root, bundle, S.TRAIN), tuning, seconds_left=0.0)
+    report = fit_state_path(model, split_data(root, bundle, S.TRAIN), tuning, seconds_left=0.0)
     assert report["fitted"] is False and report["share"] == 0.0 and "budget" in report["stopped_by"]
     assert all(torch.equal(v, model.state_path.state_dict()[k]) for k, v in weights.items())
     np.testing.assert_array_equal(score_parts(model, tuning.seqs, parts=("model",))["model"], before)
@@ -325,7 +313,7 @@ def test_a_set_whose_first_epoch_would_overrun_the_budget_is_not_started(fitted:
     root, model_dir = fitted
     bundle = load_bundle(model_dir, "multilabel")
     model = multilabel_model(bundle)
-    train, tuning = _split(root, bundle, S.TRAIN), _split(root, bundle, S.TUNING)
+    train, tuning = split_data(root, bundle, S.TRAIN), split_data(root, bundle, S.TUNING)
     device = torch.device("cpu")
     now = time.monotonic()
     late = _train(model, 1, train, tuning, now + 1000.0, 2000.0, 2e-4, 3, 0, False, device)
@@ -339,7 +327,7 @@ def test_the_record_term_keeps_the_chains_a_closer_model_of_their_codes_record(f
     of the train split's record of each chain's own codes than the next-visit loss alone, and is recorded."""
     root, model_dir = fitted
     bundle = load_bundle(model_dir, "multilabel")
-    train, tuning = _split(root, bundle, S.TRAIN), _split(root, bundle, S.TUNING)
+    train, tuning = split_data(root, bundle, S.TRAIN), split_data(root, bundle, S.TUNING)
     assert read_metrics(model_dir)["state_path"]["record_weight"] == 0.0  # the default (off), in metrics.json
     nll = {}
     for weight in (0.0, 1.0):

@@ -97,6 +97,7 @@ def fit_state_path(
     choose_share: bool = True,
     prefit_epochs: int = PREFIT_EPOCHS,
     record_weight: float = RECORD_WEIGHT,
+    first_set: FirstSet | None = None,
 ) -> dict[str, Any]:
     """Train ``model.state_path``'s sets of chains one after another and set its share (``share``, or as
     :func:`set_state_path_share` chooses on the tuning split);
@@ -107,8 +108,10 @@ def fit_state_path(
     final, and the chains' tuning macro AP alone (``tuning_macro_ap_alone``) is left to the caller, who scores the
     tuning split once for every part (``training/tuning_logits.py``). Each set starts from a hidden Markov model
     of its label codes' record fitted for at most ``prefit_epochs`` epochs (``training/state_path_prefit.py``;
-    0: from its random start), and is fitted with the record term at ``record_weight`` (0: none). Returns what
-    ``metrics.json`` records under ``state_path``. The rest of the model is not changed."""
+    0: from its random start), and is fitted with the record term at ``record_weight`` (0: none); ``first_set``:
+    the first set's chains already paired and started (:func:`start_first_set`, before the deep part trained),
+    which this fit goes on from. Returns what ``metrics.json`` records under ``state_path``. The rest of the
+    model is not changed."""
     path = model.state_path
     assert path is not None, "fit_state_path needs a model with a state path (model.state_path)"
     if not len(tuning.y):
@@ -117,7 +120,7 @@ def fit_state_path(
         return {"fitted": False, "reason": "no tuning split", "share": 0.0}
     device = device or torch.device("cpu")
     started, weights_before = time.monotonic(), path.copy_weight.clone()
-    shared = _share_chains(model, train, pair_correlation)
+    shared = _share_chains(model, train, pair_correlation) if first_set is None else first_set.shared
     deadline = None if seconds_left is None else started + seconds_left
     sets: list[dict[str, Any]] = []
     epoch_seconds = 0.0  # a set's epochs take about as long as the last set's: its first epoch must fit too
@@ -136,6 +139,7 @@ def fit_state_path(
             device,
             prefit_epochs,
             record_weight,
+            first_set.fit if number == 0 and first_set is not None else None,
         )
         best, epoch_seconds = fit.best, fit.epoch_seconds
         sets.append(
@@ -201,6 +205,53 @@ def _share_chains(model: BehrtForMultiLabel, train: SplitData, pair_correlation:
 
 
 @dataclass
+class FirstSet:
+    """The state path's first set of chains, paired, started from its codes' record and fitted one epoch before
+    the deep part trains (:func:`start_first_set`): the chains shared, the set's fit so far, its tuning macro AP
+    alone after that epoch (-1: the budget left no epoch) and the seconds it took."""
+
+    shared: int
+    fit: _SetFit
+    seconds: float
+
+    @property
+    def tuning_macro_ap(self) -> float:
+        return self.fit.best.macro_ap
+
+
+def start_first_set(
+    model: BehrtForMultiLabel,
+    train: SplitData,
+    tuning: SplitData,
+    pair_correlation: float | None = PAIR_CORRELATION,
+    prefit_epochs: int = PREFIT_EPOCHS,
+    seed: int = 0,
+    device: torch.device | None = None,
+    deadline: float | None = None,
+    l1: float = CROSS_EVIDENCE_L1,
+    record_weight: float = RECORD_WEIGHT,
+) -> FirstSet:
+    """Pair ``model.state_path``'s label codes (as :func:`fit_state_path` would), start its first set of chains
+    from their codes' record (``state_path_prefit.py``, at most ``prefit_epochs`` epochs) and fit it one epoch
+    (as :func:`fit_state_path` would, at ``l1`` and ``record_weight``), none of it past ``deadline``
+    (``time.monotonic()``), scored alone on ``tuning`` (which must hold samples). The chains depend on no other
+    part of the model, so this can run before the deep part trains: ``finetune`` uses the score to tell whether
+    the chains will carry the cohort (the start alone cannot: it models the codes' record, not the next visit,
+    and scores about chance). Leaves the chains frozen (the deep part's optimizer does not see them), the
+    path's share at 0 and its sets' weights as they were; :func:`fit_state_path` with the returned
+    :class:`FirstSet` goes on from here."""
+    path = model.state_path
+    assert path is not None, "start_first_set needs a model with a state path (model.state_path)"
+    assert len(tuning.y), "start_first_set scores the chains on the tuning split, which has no samples"
+    device = device or torch.device("cpu")
+    started, weights_before = time.monotonic(), path.copy_weight.clone()
+    shared = _share_chains(model, train, pair_correlation)
+    fit = _train(model, 0, train, tuning, deadline, 0.0, l1, 1, seed, False, device, prefit_epochs, record_weight)
+    path.copy_weight.copy_(weights_before)
+    return FirstSet(shared, fit, time.monotonic() - started)
+
+
+@dataclass
 class _Best:
     macro_ap: float = -1.0
     epoch: int = -1
@@ -230,12 +281,15 @@ def _train(
     device: torch.device,
     prefit_epochs: int = 0,
     record_weight: float = 0.0,
+    so_far: _SetFit | None = None,
 ) -> _SetFit:
     """Epochs of Adam on set ``number`` of the chains alone (the path scores it alone meanwhile), none that would
     end past ``deadline`` (``time.monotonic()``; None: no budget), ``epoch_seconds`` the time an epoch is expected
     to take until one has run here; returns the best epoch's weights, epochs run, why it stopped and the
     seconds an epoch took. With ``prefit_epochs``, the set first starts from its codes' hidden Markov model
-    (:func:`~behrt_rope.training.state_path_prefit.prefit_chains`)."""
+    (:func:`~behrt_rope.training.state_path_prefit.prefit_chains`). With ``so_far`` (the set's fit up to now,
+    its chains as they stand), the fit goes on from it: no new start, its epochs counted on and its best kept
+    unless beaten (Adam's moments start afresh)."""
     path = model.state_path
     assert path is not None
     chains = path.chains[number]
@@ -247,15 +301,18 @@ def _train(
     chains.train().requires_grad_(True)
     prefit, chain_filter = None, cast(HiddenStateFilter, chains)
     codes = emitted_codes(chain_filter, path.label_token_ids)  # (G, J) each chain's own label codes
-    if prefit_epochs > 0:
+    if so_far is not None:
+        prefit, epoch_seconds = so_far.prefit, so_far.epoch_seconds
+    elif prefit_epochs > 0:
         name = f"state path set {number}'s chains"
         prefit = prefit_chains(
             chain_filter, path.label_token_ids, train, prefit_epochs, seed, deadline, device, name=name
         )
     optimizer = torch.optim.Adam(chains.parameters(), lr=LEARNING_RATE)
-    started, best, stop = time.monotonic(), _Best(), f"state_path_max_epochs ({max_epochs})"
-    epoch = 0
-    for epoch in range(max_epochs):
+    started, stop = time.monotonic(), f"state_path_max_epochs ({max_epochs})"
+    best, first = (so_far.best, so_far.epochs) if so_far is not None else (_Best(), 0)
+    epoch = first
+    for epoch in range(first, max_epochs):
         if deadline is not None and time.monotonic() + epoch_seconds > deadline:
             stop = "the time budget (trainer.max_minutes)"
             break
@@ -283,7 +340,7 @@ def _train(
         chains.train()
         if macro_ap > best.macro_ap:
             best = _Best(macro_ap, epoch, copy.deepcopy(chains.state_dict()))
-        epoch_seconds = (time.monotonic() - started) / (epoch + 1)
+        epoch_seconds = (time.monotonic() - started) / (epoch + 1 - first)
         log.info(
             "finetune: state path set %d epoch %d: tuning macro AP %.4f alone (%.1f s an epoch)",
             number,
