@@ -34,7 +34,11 @@ def test_finetune_decides_the_chains_time_and_goes_on_from_their_started_first_s
     metrics = read_metrics(fitted[1])
     rule = metrics["state_path"]["time_rule"]
     rivals = rule["first_set_tuning_macro_ap"] >= rule["sparse_time_path_tuning_macro_ap"]
-    assert rule["share"] == (RIVAL_TIME_SHARE if rivals else 0.0)
+    assert rule["chains_rival"] == rivals
+    budget = metrics["time_budget_minutes"] * 60
+    assert rule["share"] == pytest.approx(
+        RIVAL_TIME_SHARE - rule["first_set_seconds"] / budget if rivals else 0.0, abs=1e-3
+    )
     assert metrics["time_budget_held_back_seconds"] == pytest.approx(
         rule["share"] * metrics["time_budget_minutes"] * 60
     )
@@ -98,12 +102,21 @@ def test_the_started_first_set_leaves_the_chains_frozen_and_the_model_as_it_was(
     assert (score_parts(model, tuning.seqs, parts=("model",))["model"] == before).all()
 
 
-@pytest.mark.parametrize(("margin", "share"), [(0.01, RIVAL_TIME_SHARE), (0.0, RIVAL_TIME_SHARE), (-0.01, 0.0)])
+@pytest.mark.parametrize(
+    ("margin", "budget", "share"),
+    [
+        (0.01, None, RIVAL_TIME_SHARE),
+        (0.0, None, RIVAL_TIME_SHARE),
+        (0.0, 10.0, RIVAL_TIME_SHARE - 0.1),  # the first set took 1 s of 10: a tenth of the budget already spent
+        (0.0, 2.0, 0.0),  # it took more than the chains' share: nothing more held back
+        (-0.01, 10.0, 0.0),
+    ],
+)
 def test_time_is_held_back_only_when_the_first_set_rivals_the_sparse_time_path(
-    fitted: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, margin: float, share: float
+    fitted: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, margin: float, budget: float | None, share: float
 ) -> None:
     """The first set's tuning macro AP against the sparse time path's alone, scored here: at or above it the
-    chains get :data:`RIVAL_TIME_SHARE`, below it nothing."""
+    chains get :data:`RIVAL_TIME_SHARE` of the budget, what the first set took included; below it nothing."""
     root, model_dir = fitted
     bundle = load_bundle(model_dir, "multilabel")
     model = multilabel_model(bundle)
@@ -114,8 +127,9 @@ def test_time_is_held_back_only_when_the_first_set_rivals_the_sparse_time_path(
     first = FirstSet(shared=0, fit=fit, seconds=1.0)
     monkeypatch.setattr("behrt_rope.training.chains_time.start_first_set", lambda *args, **kwargs: first)
     model.train()
-    decided = chains_time(model, split_data(root, bundle, S.TRAIN), tuning, None, None, 0, 0)
-    assert decided.share == share and decided.first_set is first
+    decided = chains_time(model, split_data(root, bundle, S.TRAIN), tuning, None, None, 0, 0, budget_seconds=budget)
+    assert decided.share == pytest.approx(share) and decided.first_set is first
+    assert decided.report["chains_rival"] == (margin >= 0)
     assert all(module.training for module in model.modules())  # left as found: the deep part trains next
     assert decided.report["sparse_time_path_tuning_macro_ap"] == pytest.approx(path_ap, abs=1e-5)
 

@@ -230,23 +230,41 @@ def start_first_set(
     deadline: float | None = None,
     l1: float = CROSS_EVIDENCE_L1,
     record_weight: float = RECORD_WEIGHT,
+    prefit_seconds: float | None = None,
 ) -> FirstSet:
     """Pair ``model.state_path``'s label codes (as :func:`fit_state_path` would), start its first set of chains
-    from their codes' record (``state_path_prefit.py``, at most ``prefit_epochs`` epochs) and fit it one epoch
-    (as :func:`fit_state_path` would, at ``l1`` and ``record_weight``), none of it past ``deadline``
-    (``time.monotonic()``), scored alone on ``tuning`` (which must hold samples). The chains depend on no other
-    part of the model, so this can run before the deep part trains: ``finetune`` uses the score to tell whether
-    the chains will carry the cohort (the start alone cannot: it models the codes' record, not the next visit,
-    and scores about chance). Leaves the chains frozen (the deep part's optimizer does not see them), the
-    path's share at 0 and its sets' weights as they were; :func:`fit_state_path` with the returned
-    :class:`FirstSet` goes on from here."""
+    from their codes' record (``state_path_prefit.py``, at most ``prefit_epochs`` epochs and ``prefit_seconds``
+    seconds, None: until it converges) and fit it one epoch (as :func:`fit_state_path` would, at ``l1`` and
+    ``record_weight``), none of it past ``deadline`` (``time.monotonic()``), scored alone on ``tuning`` (which
+    must hold samples). The chains depend on no other part of the model, so this can run before the deep part
+    trains: ``finetune`` uses the score to tell whether the chains will carry the cohort (the start alone cannot:
+    it models the codes' record, not the next visit, and scores about chance). Leaves the chains frozen (the deep
+    part's optimizer does not see them), the path's share at 0 and its sets' weights as they were;
+    :func:`fit_state_path` with the returned :class:`FirstSet` goes on from here."""
     path = model.state_path
     assert path is not None, "start_first_set needs a model with a state path (model.state_path)"
     assert len(tuning.y), "start_first_set scores the chains on the tuning split, which has no samples"
     device = device or torch.device("cpu")
     started, weights_before = time.monotonic(), path.copy_weight.clone()
     shared = _share_chains(model, train, pair_correlation)
-    fit = _train(model, 0, train, tuning, deadline, 0.0, l1, 1, seed, False, device, prefit_epochs, record_weight)
+    prefit_deadline = None if prefit_seconds is None else started + prefit_seconds
+    fit = _train(
+        model,
+        0,
+        train,
+        tuning,
+        deadline,
+        0.0,
+        l1,
+        1,
+        seed,
+        False,
+        device,
+        prefit_epochs,
+        record_weight,
+        None,
+        prefit_deadline,
+    )
     path.copy_weight.copy_(weights_before)
     return FirstSet(shared, fit, time.monotonic() - started)
 
@@ -282,6 +300,7 @@ def _train(
     prefit_epochs: int = 0,
     record_weight: float = 0.0,
     so_far: _SetFit | None = None,
+    prefit_deadline: float | None = None,
 ) -> _SetFit:
     """Epochs of Adam on set ``number`` of the chains alone (the path scores it alone meanwhile), none that would
     end past ``deadline`` (``time.monotonic()``; None: no budget), ``epoch_seconds`` the time an epoch is expected
@@ -289,7 +308,7 @@ def _train(
     seconds an epoch took. With ``prefit_epochs``, the set first starts from its codes' hidden Markov model
     (:func:`~behrt_rope.training.state_path_prefit.prefit_chains`). With ``so_far`` (the set's fit up to now,
     its chains as they stand), the fit goes on from it: no new start, its epochs counted on and its best kept
-    unless beaten (Adam's moments start afresh)."""
+    unless beaten (Adam's moments start afresh). ``prefit_deadline``: an earlier end for the start alone."""
     path = model.state_path
     assert path is not None
     chains = path.chains[number]
@@ -305,9 +324,8 @@ def _train(
         prefit, epoch_seconds = so_far.prefit, so_far.epoch_seconds
     elif prefit_epochs > 0:
         name = f"state path set {number}'s chains"
-        prefit = prefit_chains(
-            chain_filter, path.label_token_ids, train, prefit_epochs, seed, deadline, device, name=name
-        )
+        ends = deadline if prefit_deadline is None else min(prefit_deadline, deadline or prefit_deadline)
+        prefit = prefit_chains(chain_filter, path.label_token_ids, train, prefit_epochs, seed, ends, device, name=name)
     optimizer = torch.optim.Adam(chains.parameters(), lr=LEARNING_RATE)
     started, stop = time.monotonic(), f"state_path_max_epochs ({max_epochs})"
     best, first = (so_far.best, so_far.epochs) if so_far is not None else (_Best(), 0)
