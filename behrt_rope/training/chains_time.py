@@ -13,8 +13,8 @@ tuning split (the start alone models the codes' record, not the next visit, and 
 AP on a 200-code progression draw whose sparse time path scores 0.152). Where that one epoch already scores at
 least what the sparse time path scores alone, the chains carry this cohort and get :data:`RIVAL_TIME_SHARE` of
 the budget, the time their first set took included (the rest is held back for them); otherwise nothing is held
-back. Either way the chains' fit later goes on from that epoch, so
-the time it took comes off the first training's plan rather than the chains'.
+back. Either way the chains' fit later goes on from that epoch, so the time it took comes off the first training's
+plan rather than the chains'.
 """
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ def chains_time(
     else :data:`RIVAL_TIME_SHARE` when the chains' first set, started here from its codes' record and fitted one
     epoch (:func:`~behrt_rope.training.state_path_fit.start_first_set`, at ``pair_correlation``,
     ``prefit_epochs``, ``seed``, ``l1`` and ``record_weight``, none of it past ``deadline``, the start at most
-    :data:`PROBE_PREFIT_SHARE` of ``budget_seconds``), scores at least the
-    sparse time path's tuning macro AP alone, less the share of ``budget_seconds`` (the whole budget; None: none)
-    that the first set already took (the chains' share counts it), 0 otherwise. Without chains, tuning samples
+    :data:`PROBE_PREFIT_SHARE` of ``budget_seconds``), scores at least the sparse time path's tuning macro AP
+    alone, less the share of ``budget_seconds`` (the whole budget; None: none) that the first set already took
+    (the chains' share counts it), 0 otherwise. Without chains, tuning samples
     or a sparse time path to compare with, 0 and nothing started. Deterministic (the start and the epoch draw
     from their own generators), so every DDP rank decides alike."""
     if fixed_share is not None:
