@@ -66,7 +66,7 @@ from behrt_rope.training.state_path_fit import MAX_EPOCHS as STATE_PATH_EPOCHS
 from behrt_rope.training.state_path_prefit import PREFIT_EPOCHS
 from behrt_rope.training.tasks import MultiLabelTask, macro_average_precision
 from behrt_rope.training.teacher import Teacher, choose_teacher
-from behrt_rope.training.trainer import budget_left, build_trainer, resume_path, time_budget
+from behrt_rope.training.trainer import budget_left, build_trainer, resume_path, time_budget, uses_gpu
 from behrt_rope.training.tuning_logits import TuningLogits
 
 log = logging.getLogger("behrt_rope.finetune")
@@ -479,7 +479,7 @@ def _chains_time(
     if config.trainer.max_minutes <= 0 or not fitted:
         return ChainsTime(0.0, None, {"share": 0.0, "chosen_by": "no time budget or no chains to fit"})
     left = budget_left(config.trainer, stage_started) or 0.0
-    on_gpu = config.trainer.accelerator in ("auto", "gpu") and torch.cuda.is_available()
+    on_gpu = uses_gpu(config.trainer)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else torch.device("cpu")
     return chains_time(
         task.model,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from behrt_rope.training.clear_gain import choose_clearly_better
+from behrt_rope.training.clear_gain import ScoredCandidates, choose_clearly_better
 from behrt_rope.training.tasks import macro_average_precision
 
 
@@ -59,3 +59,16 @@ def test_the_choice_among_a_subset_is_the_choice_made_on_that_subset_alone():
         alone = choose_clearly_better(y, {w: candidates[w] for w in subset}, patients, reference=0.0)
         assert everyone.among(subset) == alone.chosen
     assert everyone.among((0.0, 0.5)) == 0.5 and everyone.among((0.0, 0.9)) == 0.0
+
+
+def test_candidates_scored_once_choose_against_any_reference_as_a_fresh_choice_would():
+    y, base, rng = _scores(5)
+    candidates = {0.0: base, 0.5: base + 0.3 * y, 1.0: base + 0.6 * y + 0.3 * rng.normal(size=y.shape)}
+    patients = np.repeat(np.arange(len(y) // 2), 2)
+    scored = ScoredCandidates.score(y, candidates, patients)
+    for reference in candidates:
+        fresh = choose_clearly_better(y, candidates, patients, reference=reference)
+        again = scored.choose(reference)
+        assert again.chosen == fresh.chosen
+        assert again.macro_ap == fresh.macro_ap and again.over_reference == fresh.over_reference
+    assert scored.choose(0.0).chosen != 0.0  # the references do differ in what they keep

@@ -53,6 +53,37 @@ def interval_record(difference: tuple[float, float, float]) -> dict[str, float]:
     return dict(zip(("difference", "low", "high"), difference, strict=True))
 
 
+@dataclass(frozen=True)
+class ScoredCandidates:
+    """Candidates' tuning macro AP (``exact``, setting -> value) and their ``(B,)`` paired bootstrap replicates
+    (the same resamples of whole patients for all): scored once, then chosen among against any reference."""
+
+    exact: dict[float, float]
+    replicates: dict[float, np.ndarray]
+
+    @classmethod
+    def score(
+        cls, y: np.ndarray, probs: dict[float, np.ndarray], patients: np.ndarray, n_bootstrap: int = 200, seed: int = 0
+    ) -> ScoredCandidates:
+        """Score candidates' probabilities ``probs`` (setting -> ``(N, L)``) against targets ``y`` ``(N, L)``,
+        ``patients`` ``(N,)`` the patient of each sample."""
+        exact = {w: macro_average_precision(y, p) for w, p in probs.items()}
+        replicates = {w: macro_ap_and_replicates(y, p, n_bootstrap, seed, patients)[1] for w, p in probs.items()}
+        return cls(exact, replicates)
+
+    def choose(self, reference: float) -> ClearChoice:
+        """The candidate whose macro AP minus ``reference``'s has the lower end of its paired interval above 0,
+        the largest difference of several such; else ``reference``."""
+        over = {
+            w: _difference(self.exact[w] - self.exact[reference], self.replicates[w] - self.replicates[reference])
+            for w in self.exact
+            if w != reference
+        }
+        clearly_better = [w for w, (_, low, _) in over.items() if low > 0]
+        chosen = max(clearly_better, key=lambda w: over[w][0]) if clearly_better else reference
+        return ClearChoice(chosen, {w: round(ap, 5) for w, ap in self.exact.items()}, over)
+
+
 def choose_clearly_better(
     y: np.ndarray,
     probs: dict[float, np.ndarray],
@@ -64,7 +95,8 @@ def choose_clearly_better(
     """From candidates' tuning probabilities ``probs`` (setting -> ``(N, L)``; ``reference`` among them) against
     targets ``y`` ``(N, L)``, ``patients`` ``(N,)`` the patient of each sample: the candidate whose macro AP minus
     the reference's has the lower end of its paired bootstrap interval (whole patients resampled, the same
-    resamples for all) above 0, the largest difference of several such; else the reference.
+    resamples for all) above 0, the largest difference of several such; else the reference
+    (:class:`ScoredCandidates`, for several references over the same candidates).
 
     >>> y = np.array([[1, 0], [0, 1], [1, 1], [0, 0]] * 20)
     >>> good = np.tile([[0.9, 0.1], [0.2, 0.8], [0.7, 0.6], [0.1, 0.2]], (20, 1))
@@ -74,16 +106,7 @@ def choose_clearly_better(
     >>> choose_clearly_better(y, {0.0: good, 0.5: poor}, np.arange(80), reference=0.0).chosen
     0.0
     """
-    exact = {w: macro_average_precision(y, p) for w, p in probs.items()}
-    replicates = {w: macro_ap_and_replicates(y, p, n_bootstrap, seed, patients)[1] for w, p in probs.items()}
-    over = {
-        w: _difference(exact[w] - exact[reference], replicates[w] - replicates[reference])
-        for w in probs
-        if w != reference
-    }
-    clearly_better = [w for w, (_, low, _) in over.items() if low > 0]
-    chosen = max(clearly_better, key=lambda w: over[w][0]) if clearly_better else reference
-    return ClearChoice(chosen, {w: round(ap, 5) for w, ap in exact.items()}, over)
+    return ScoredCandidates.score(y, probs, patients, n_bootstrap, seed).choose(reference)
 
 
 def paired_difference(

@@ -40,7 +40,7 @@ from behrt_rope.data.batching import BucketBatchSampler
 from behrt_rope.model.heads import BehrtForMultiLabel, multilabel_loss
 from behrt_rope.model.state_filter import HiddenStateFilter
 from behrt_rope.training.chain_pairs import PAIR_CORRELATION, paired_chains
-from behrt_rope.training.clear_gain import ClearChoice, choose_clearly_better
+from behrt_rope.training.clear_gain import ClearChoice, ScoredCandidates
 from behrt_rope.training.inference import score_parts
 from behrt_rope.training.loaders import SplitData
 from behrt_rope.training.state_path_prefit import PREFIT_EPOCHS, emitted_codes, prefit_chains
@@ -413,10 +413,11 @@ def set_state_path_share(
         raise ValueError("choosing the state path's share needs the tuning logits of the model and the state path")
     model.state_path.set_share(0.0)
     mixes = {w: expit((1 - w) * base + w * states) for w in SHARE_GRID}  # (N, L) probabilities
-    against_model = choose_clearly_better(y, mixes, patients, reference=0.0)
+    scored = ScoredCandidates.score(y, mixes, patients)  # once for both references
+    against_model = scored.choose(0.0)
     comparable = chains_comparable(against_model)
     reference = EQUAL_SHARE if comparable else 0.0
-    choice = choose_clearly_better(y, mixes, patients, reference=reference) if comparable else against_model
+    choice = scored.choose(reference) if comparable else against_model
     model.state_path.set_share(choice.chosen)
     log.info(
         "finetune: state path share %g (the chains alone %s the model without them on the tuning split, so the "

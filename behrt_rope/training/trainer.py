@@ -49,12 +49,16 @@ def silence_lightning_noise() -> None:
         logging.getLogger(name).addFilter(_ADVERTISEMENT_FILTER)  # a filter already there is not added twice
 
 
+def uses_gpu(cfg: TrainerConfig) -> bool:
+    """Whether the trainer runs on a GPU: ``accelerator`` auto or gpu, and CUDA available."""
+    return cfg.accelerator in ("auto", "gpu") and torch.cuda.is_available()
+
+
 def resolve_precision(cfg: TrainerConfig) -> str:
     """``auto``: bf16 mixed precision on a GPU that supports it, full fp32 on CPU."""
     if cfg.precision != "auto":
         return cfg.precision
-    on_gpu = cfg.accelerator in ("auto", "gpu") and torch.cuda.is_available()
-    return "bf16-mixed" if on_gpu and torch.cuda.is_bf16_supported() else "32-true"
+    return "bf16-mixed" if uses_gpu(cfg) and torch.cuda.is_bf16_supported() else "32-true"
 
 
 def resolve_strategy(cfg: TrainerConfig) -> str | Strategy:
