@@ -41,6 +41,7 @@ from behrt_rope.training.bundle import load_bundle, save_bundle, task_state_dict
 from behrt_rope.training.chain_pairs import PAIR_CORRELATION
 from behrt_rope.training.chains_time import ChainsTime, chains_time
 from behrt_rope.training.checkpoints import load_task_weights
+from behrt_rope.training.choice_cost import choice_seconds
 from behrt_rope.training.clear_gain import CHOICE_LEVEL
 from behrt_rope.training.config import TrainerConfig
 from behrt_rope.training.distillation_choice import (
@@ -55,6 +56,8 @@ from behrt_rope.training.distillation_choice import (
 )
 from behrt_rope.training.loaders import SplitData, make_loader, padding_report
 from behrt_rope.training.soup import TopChecksSoup
+from behrt_rope.training.sparse_time_fit import EQUAL_SHARE as SPARSE_EQUAL_SHARE
+from behrt_rope.training.sparse_time_fit import SHARE_GRID as SPARSE_SHARE_GRID
 from behrt_rope.training.sparse_time_fit import fit_path, set_path_share
 from behrt_rope.training.state_path_fit import (
     CROSS_EVIDENCE_L1,
@@ -63,6 +66,7 @@ from behrt_rope.training.state_path_fit import (
     set_state_path_share,
 )
 from behrt_rope.training.state_path_fit import MAX_EPOCHS as STATE_PATH_EPOCHS
+from behrt_rope.training.state_path_fit import SHARE_GRID as STATE_SHARE_GRID
 from behrt_rope.training.state_path_prefit import PREFIT_EPOCHS
 from behrt_rope.training.tasks import MultiLabelTask, macro_average_precision
 from behrt_rope.training.teacher import Teacher, choose_teacher
@@ -75,7 +79,9 @@ AFTER_TRAINING_VALIDATIONS = 6.0
 one scoring pass over the tuning split and the bootstrapped choices on it. Measured with 3 on 2 CPU cores: long
 histories (13,000 tuning samples, 92 labels) a validation epoch of 8.6 s and that work 31 s, the stage at 718 s of
 its 720; the demo's cohort a validation epoch of 1.9 s and that work 12 s, the stage at 722 s. 6 covers both
-(docs/benchmarks.md, "Fiftieth round")."""
+(docs/benchmarks.md, "Fiftieth round"). The bootstrapped choices' own cost is now measured before training and held
+back besides (``training/choice_cost.py``): on a host 30% slower a validation-epoch reserve alone left a clinical
+fine-tuning 24 s past its budget (the choices took 22 s, the reserve 12.6 s; "Seventy-fourth round")."""
 MONITORS = {"loss": ("val/loss", "min"), "macro_ap": ("val/macro_ap", "max")}
 """``select_by`` -> (logged metric, better direction)."""
 RUN_FIELDS = (*HEAD_FIELDS, "dropout", "attention_dropout")
@@ -364,7 +370,10 @@ def _train_candidates(
     split's logits of every part and run (None without tuning samples), scored once for all the choices."""
     start = {k: v.detach().clone() for k, v in first.state_dict().items()}
     time_rule = _chains_time(config, first, train, tuning, stage_started)
-    runs = [_train_deep(config, first, new_task, out, train, tuning, stage_started, config.resume, time_rule.share)]
+    choices = _choice_seconds(config, first.model, weights, tuning)
+    runs = [
+        _train_deep(config, first, new_task, out, train, tuning, stage_started, config.resume, time_rule.share, choices)
+    ]
     chains = _fit_chains(config, runs[0], train, tuning, stage_started, len(weights) > 1, time_rule)
     model, device = runs[0].task.model, runs[0].trainer.strategy.root_device
     fitted = chains is not None and bool(chains.get("fitted"))
@@ -497,6 +506,32 @@ def _chains_time(
     )
 
 
+def _choice_seconds(config: Config, model: BehrtForMultiLabel, weights: tuple[float, ...], tuning: SplitData) -> float:
+    """Seconds the choices after training will take on the tuning split (``training.choice_cost``; 0 without a
+    budget), for the first training's :class:`~behrt_rope.training.time_budget.TimeBudget` to hold back."""
+    if config.trainer.max_minutes <= 0:
+        return 0.0
+    return choice_seconds(
+        tuning.y, tuning.samples.rows, _choice_candidates(config, model, weights), config.trainer.seed
+    )
+
+
+def _choice_candidates(config: Config, model: BehrtForMultiLabel, weights: tuple[float, ...]) -> int:
+    """How many candidates the choices after training score with bootstrapped intervals: the sparse time path's
+    shares, the state path's and, with several distillation weights, the teacher's mixes, the first training
+    against its teacher (two) and the trained runs (at most one per weight)."""
+    chains = model.state_path is not None and config.state_path_max_epochs > 0
+    n = (
+        len({*SPARSE_SHARE_GRID, SPARSE_EQUAL_SHARE})
+        if model.sparse_time is not None and config.sparse_time_share is None
+        else 0
+    )
+    n += len(STATE_SHARE_GRID) if chains and config.state_path_share is None else 0
+    if len(weights) > 1:
+        n += 2 + len(weights) + (len(STATE_SHARE_GRID) if chains and config.state_path_teacher else 0)
+    return n
+
+
 def _left_after_reserve(config: Config, stage_started: float, run: DeepRun) -> float | None:
     """Seconds of the stage's budget left for more training (None: no budget), less what ``run``'s
     :class:`~behrt_rope.training.time_budget.TimeBudget` held back for the choices after training."""
@@ -550,15 +585,17 @@ def _train_deep(
     stage_started: float,
     resume: str,
     held_back_share: float = 0.0,
+    choices: float = 0.0,
 ) -> DeepRun:
     """Train ``task``'s deep part in ``out`` (checkpoints, logs) and keep its best check or their soup;
-    ``held_back_share`` of the time budget is left to the work after it (:func:`time_budget`)."""
+    ``held_back_share`` of the time budget and ``choices`` seconds are left to the work after it
+    (:func:`time_budget`)."""
     tc, weight = config.trainer, task.path_distillation
     train_loader = make_loader(train.dataset, tc, train.collate, True)
     val_loader = make_loader(tuning.dataset, tc, tuning.collate, False) if len(tuning.y) else None
     monitor, mode = MONITORS[config.select_by]
     soup = _soup_callback(config, val_loader is not None, monitor, mode)
-    budget = time_budget(tc, stage_started, AFTER_TRAINING_VALIDATIONS, held_back_share)
+    budget = time_budget(tc, stage_started, AFTER_TRAINING_VALIDATIONS, held_back_share, choices)
     trainer = build_trainer(
         tc, out, monitor if val_loader is not None else None, mode, train_loader, [c for c in (soup, budget) if c]
     )

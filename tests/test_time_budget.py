@@ -123,6 +123,7 @@ def test_a_tight_budget_ends_the_schedule_at_the_last_epoch_that_fits_and_stops_
         "time_budget_planned_epochs": 5,
         "time_budget_stopped": True,
         "time_budget_reserved_seconds": 0.0,
+        "time_budget_choices_seconds": 0.0,
         "time_budget_held_back_seconds": 0.0,
     }
     messages = [r.getMessage() for r in caplog.records]
@@ -158,22 +159,25 @@ def test_a_budget_spent_before_training_allows_one_epoch(tmp_path: Path, caplog:
     assert any("1.2 of 1.0 minutes were spent before training" in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.parametrize(("reserve", "epochs"), [(0.0, 4), (2.0, 3)])
-def test_a_reserve_of_validations_is_held_back_for_the_work_after_training(
-    tmp_path: Path, reserve: float, epochs: int
+@pytest.mark.parametrize(("reserve", "choices", "epochs"), [(0.0, 0.0, 4), (2.0, 0.0, 3), (2.0, 60.0, 2)])
+def test_a_reserve_of_validations_and_measured_choices_is_held_back_for_the_work_after_training(
+    tmp_path: Path, reserve: float, choices: float, epochs: int
 ) -> None:
     """Epochs of 60 s, each validated in 20 s, in 330 s: four fit; two validations' worth held back (40 s) leave
-    290 s, in which three do."""
+    290 s, in which three do; 60 s more for the choices after training (measured before it) leave 230 s: two."""
     clock = FakeClock(epoch_seconds=60.0)
-    budget = TimeBudget(minutes=5.5, clock=clock, reserve_validations=reserve)
+    budget = TimeBudget(minutes=5.5, clock=clock, reserve_validations=reserve, reserve_choices=choices)
     cfg = TrainerConfig(max_epochs=20, accelerator="cpu", early_stopping_patience=0)
     trainer, _ = fit(tmp_path, cfg, budget, clock, validation_seconds=20.0)
     assert trainer.current_epoch == epochs and budget.planned_epochs == epochs and budget.stopped
     assert budget.validation_seconds == 20.0
-    assert budget.report()["time_budget_reserved_seconds"] == 20.0 * reserve
+    assert budget.report()["time_budget_reserved_seconds"] == 20.0 * reserve + choices
+    assert budget.report()["time_budget_choices_seconds"] == choices
     assert budget.elapsed() + budget.reserve_seconds <= 330.0
     with pytest.raises(ValueError, match="reserve_validations must be >= 0"):
         TimeBudget(minutes=1.0, reserve_validations=-1.0)
+    with pytest.raises(ValueError, match="reserve_choices must be >= 0"):
+        TimeBudget(minutes=1.0, reserve_choices=-1.0)
 
 
 def test_seconds_held_back_for_the_chains_shorten_the_training_and_stay_apart_from_the_reserve(tmp_path: Path) -> None:

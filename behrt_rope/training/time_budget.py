@@ -14,8 +14,10 @@ It never lengthens a schedule and never cuts an epoch in half, so a budget that 
 the run is the one without a budget, epoch for epoch. The training time so far is saved in checkpoints, so a
 resumed run counts it. Time the stage spent before training (loading data, the sparse time path's fit) is
 passed as ``spent_seconds`` and counts against the budget. Work the stage does after training is held back as
-``reserve_validations`` x the longest validation epoch seen: fine-tuning's choices after training score the
-same tuning split as a validation epoch does (``training/tuning_logits.py``), so their cost grows as it does.
+``reserve_validations`` x the longest validation epoch seen (fine-tuning scores the same tuning split as a
+validation epoch does, ``training/tuning_logits.py``) plus ``reserve_choices`` seconds: the bootstrapped choices
+on those scores, whose cost follows numpy's ranking on the host rather than the model's forward pass, measured
+before training (``training/choice_cost.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class TimeBudget(pl.Callback):
         clock: Callable[[], float] = time.monotonic,
         reserve_validations: float = 0.0,
         held_back_seconds: float = 0.0,
+        reserve_choices: float = 0.0,
     ):
         if minutes <= 0:
             raise ValueError(f"a time budget needs minutes > 0, got {minutes}")
@@ -54,11 +57,15 @@ class TimeBudget(pl.Callback):
             raise ValueError(f"reserve_validations must be >= 0, got {reserve_validations}")
         if held_back_seconds < 0:
             raise ValueError(f"held_back_seconds must be >= 0, got {held_back_seconds}")
+        if reserve_choices < 0:
+            raise ValueError(f"reserve_choices must be >= 0, got {reserve_choices}")
         self.minutes = minutes
         self.spent_seconds = spent_seconds
         self.clock = clock
         self.reserve_validations = reserve_validations
         self.held_back_seconds = held_back_seconds
+        self.reserve_choices = reserve_choices
+        """Seconds of the reserve besides the validations' (fine-tuning's choices, measured before training)."""
         """Seconds left to the stage's work after training on top of the validations' reserve (fine-tuning's
         chains), not counted in :attr:`reserve_seconds`."""
         self.planned_epochs: int | None = None
@@ -73,8 +80,8 @@ class TimeBudget(pl.Callback):
     @property
     def reserve_seconds(self) -> float:
         """The time held back for the stage's work after training: ``reserve_validations`` x the longest
-        validation epoch so far (0 before the first)."""
-        return self.reserve_validations * self.validation_seconds
+        validation epoch so far (0 before the first), plus ``reserve_choices``."""
+        return self.reserve_validations * self.validation_seconds + self.reserve_choices
 
     @property
     def seconds(self) -> float:
@@ -161,6 +168,7 @@ class TimeBudget(pl.Callback):
             "time_budget_planned_epochs": self.planned_epochs,
             "time_budget_stopped": self.stopped,
             "time_budget_reserved_seconds": round(self.reserve_seconds, 1),
+            "time_budget_choices_seconds": round(self.reserve_choices, 1),
             "time_budget_held_back_seconds": round(self.held_back_seconds, 1),
         }
 

@@ -110,17 +110,28 @@ def weight_average(cfg: TrainerConfig) -> pl.Callback | None:
 
 
 def time_budget(
-    cfg: TrainerConfig, stage_started: float, reserve_validations: float = 0.0, held_back_share: float = 0.0
+    cfg: TrainerConfig,
+    stage_started: float,
+    reserve_validations: float = 0.0,
+    held_back_share: float = 0.0,
+    reserve_choices: float = 0.0,
 ) -> TimeBudget | None:
     """The stage's :class:`TimeBudget` (None without ``max_minutes``); ``stage_started`` is the
     ``time.monotonic()`` at which the stage began, so the time before training counts against the budget;
-    ``reserve_validations``: validation epochs' worth of time held back for the work after training;
+    ``reserve_validations``: validation epochs' worth of time held back for the work after training, and
+    ``reserve_choices`` seconds besides (fine-tuning's choices, measured before training);
     ``held_back_share``: a share of ``max_minutes`` held back besides (fine-tuning's chains)."""
     if cfg.max_minutes <= 0:
         return None
     spent = time.monotonic() - stage_started
     held_back = held_back_share * cfg.max_minutes * 60.0
-    return TimeBudget(cfg.max_minutes, spent, reserve_validations=reserve_validations, held_back_seconds=held_back)
+    return TimeBudget(
+        cfg.max_minutes,
+        spent,
+        reserve_validations=reserve_validations,
+        held_back_seconds=held_back,
+        reserve_choices=reserve_choices,
+    )
 
 
 def budget_left(cfg: TrainerConfig, stage_started: float) -> float | None:
