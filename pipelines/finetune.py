@@ -168,10 +168,11 @@ class Config:
     what is left. Null: the data decide (``training.chains_time``): the chains' first set is started from its
     codes' record and fitted one epoch before the first training and, where it then scores at least the sparse
     time path alone on the tuning split, the chains get 0.3 of the budget (what that first set took included),
-    else nothing is held back (opt-in: chose right on two screening draws, docs/benchmarks.md, "Seventy-third
-    round"). A fixed 0.3 gave the chains the time they lacked on a 200-code progression cohort (+0.0073 tuning
-    macro AP) but cost a long dense clinical one, where the first training is budget-bound and the chains' share
-    stays 0, 0.0013 (docs/benchmarks.md, "Seventy-second round")."""
+    else nothing is held back (opt-in: chose right on six screening draws of five families, never more than 0.0003
+    below the default, docs/benchmarks.md, "Seventy-third round" and "Seventy-fourth round"). A fixed 0.3 gave
+    the chains the time they lacked on a 200-code progression cohort (+0.0073 tuning macro AP) but cost a long
+    dense clinical one, where the first training is budget-bound and the chains' share stays 0, 0.0013
+    (docs/benchmarks.md, "Seventy-second round")."""
     state_path_pair_correlation: float | None = PAIR_CORRELATION
     """With model.state_path, two label codes share one chain when each is the other's most correlated label
     code across the train patients (presence) and the correlation is at least this (``training.chain_pairs``);
